@@ -1,0 +1,242 @@
+//! Applying transactions to the overlay (validated, all or nothing) and
+//! committing them through the WAL under the sync policy.
+
+use std::time::Instant;
+
+use super::overlay::Mark;
+use super::{Bank, BankError, SyncPolicy};
+use crate::format::payload::check_record;
+use crate::format::row::{NodeType, Row};
+use crate::format::vector_crc32;
+use crate::format::wal::{WalOp, encode_ops};
+
+impl Bank {
+    /// Validates and applies every op of a transaction, or none of them.
+    pub(crate) fn apply_txn(&mut self, ops: Vec<WalOp>) -> Result<(), BankError> {
+        self.apply_txn_undoable(ops).map(drop)
+    }
+
+    /// As `apply_txn`, returning what undoes it.
+    fn apply_txn_undoable(&mut self, ops: Vec<WalOp>) -> Result<Mark, BankError> {
+        let mut mark = self.overlay.mark();
+        for op in ops {
+            let result = match op {
+                WalOp::PutNode {
+                    row,
+                    vector,
+                    payload_record,
+                } => self
+                    .check_new_node(&row, &vector, &payload_record)
+                    .map(|()| self.overlay.push_node(row, &vector, payload_record)),
+                WalOp::PutRow { row } => self
+                    .check_row_update(&row)
+                    .map(|()| self.overlay.put_row(row, &mut mark)),
+            };
+            if let Err(e) = result {
+                self.overlay.rollback(mark);
+                return Err(e);
+            }
+        }
+        Ok(mark)
+    }
+
+    fn check_new_node(
+        &self,
+        row: &Row,
+        vector: &[f32],
+        payload_record: &[u8],
+    ) -> Result<(), BankError> {
+        let bad = |detail: String| {
+            Err(BankError::Corrupt {
+                file: "WAL op".into(),
+                offset_bytes: 0,
+                detail,
+            })
+        };
+        let next = self.overlay.total_count();
+        if row.index != next {
+            return bad(format!(
+                "new node has index {} where {next} was next",
+                row.index
+            ));
+        }
+        if row.payload_offset_bytes != self.overlay.payload_end_bytes
+            || row.payload_size_bytes as usize != payload_record.len()
+        {
+            return bad(format!(
+                "node {next}: payload location does not follow the log end"
+            ));
+        }
+        if vector.len() != self.manifest.dim_count as usize
+            || vector_crc32(vector) != row.vector_crc32
+        {
+            return bad(format!("node {next}: vector length or checksum mismatch"));
+        }
+        check_record(payload_record, next).map_err(|e| BankError::Corrupt {
+            file: "WAL op".into(),
+            offset_bytes: 0,
+            detail: e.to_string(),
+        })?;
+        if usize::from(row.tree) >= self.manifest.trees.len() {
+            return bad(format!("node {next}: tree {} does not exist", row.tree));
+        }
+        self.check_shape(row)
+    }
+
+    /// Parent, depth and type must agree with the tree rules.
+    fn check_shape(&self, row: &Row) -> Result<(), BankError> {
+        let bad = |detail: String| {
+            Err(BankError::Corrupt {
+                file: "WAL op".into(),
+                offset_bytes: 0,
+                detail,
+            })
+        };
+        if row.depth == 0 || row.depth > self.manifest.max_depth {
+            return bad(format!(
+                "node {}: depth {} outside 1..={}",
+                row.index, row.depth, self.manifest.max_depth
+            ));
+        }
+        match (row.parent(), row.node_type) {
+            (None, NodeType::Root) if row.depth == 1 => Ok(()),
+            (Some(parent), NodeType::Residual) if parent < row.index => {
+                let p = self.row(parent)?;
+                if p.tree != row.tree || p.depth + 1 != row.depth {
+                    return bad(format!(
+                        "node {}: parent {parent} is in another tree or at the wrong depth",
+                        row.index
+                    ));
+                }
+                Ok(())
+            }
+            _ => bad(format!(
+                "node {}: type {:?} does not fit parent {:?}",
+                row.index,
+                row.node_type,
+                row.parent()
+            )),
+        }
+    }
+
+    /// A row update may change counters, flags and the link only.
+    fn check_row_update(&self, row: &Row) -> Result<(), BankError> {
+        let current = self.row(row.index)?;
+        let mut comparable = row.clone();
+        comparable.success_hits = current.success_hits;
+        comparable.retrievals = current.retrievals;
+        comparable.flags = current.flags;
+        comparable.link = current.link;
+        if comparable != current {
+            return Err(BankError::Corrupt {
+                file: "WAL op".into(),
+                offset_bytes: 0,
+                detail: format!("update of node {} changes an immutable field", row.index),
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_writable(&self) -> Result<(), BankError> {
+        match &self.writer {
+            None => Err(BankError::ReadOnly("opened read-only".into())),
+            Some(w) => match &w.poisoned {
+                Some(reason) => Err(BankError::Poisoned(reason.clone())),
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// Applies `ops`, logs them as one WAL record and syncs per policy.
+    /// Returns the record's LSN. Any I/O failure poisons the bank.
+    pub(crate) fn commit(
+        &mut self,
+        ops: Vec<WalOp>,
+        policy: Option<SyncPolicy>,
+    ) -> Result<u64, BankError> {
+        self.check_writable()?;
+        let body = encode_ops(&ops);
+        let op_count = ops.len() as u16;
+        let undo = self.apply_txn_undoable(ops)?;
+        let writer = self.writer.as_mut().expect("checked writable");
+        let lsn = match writer.wal.append(op_count, &body) {
+            Ok(lsn) => lsn,
+            Err(e) => {
+                writer.poisoned = Some(e.to_string());
+                self.overlay.rollback(undo);
+                return Err(e.into());
+            }
+        };
+        let policy = policy.unwrap_or(writer.policy);
+        self.sync_per_policy(policy)?;
+        self.maybe_checkpoint()?;
+        Ok(lsn)
+    }
+
+    fn sync_per_policy(&mut self, policy: SyncPolicy) -> Result<(), BankError> {
+        let writer = self.writer.as_mut().expect("writer");
+        let due = match policy {
+            SyncPolicy::Always => true,
+            SyncPolicy::Batch {
+                records,
+                interval_ms,
+            } => {
+                let pending = writer.wal.next_lsn() - writer.wal.synced_below();
+                pending >= u64::from(records)
+                    || writer.last_sync.elapsed().as_millis() as u64 >= interval_ms
+            }
+            SyncPolicy::None => false,
+        };
+        if due { self.sync() } else { Ok(()) }
+    }
+
+    /// Makes every committed record durable. After a failed fsync the bank
+    /// is poisoned: fsync is never retried (the kernel may have dropped the
+    /// dirty pages and a second fsync could report success falsely).
+    pub fn sync(&mut self) -> Result<(), BankError> {
+        self.check_writable()?;
+        let writer = self.writer.as_mut().expect("writer");
+        if !writer.wal.has_unsynced() {
+            return Ok(());
+        }
+        if let Err(e) = writer.wal.sync() {
+            writer.poisoned = Some(e.to_string());
+            return Err(e.into());
+        }
+        writer.last_sync = Instant::now();
+        Ok(())
+    }
+
+    /// For `Batch` policies driven by a timer: syncs if records have waited
+    /// at least the batch interval.
+    pub fn sync_if_due(&mut self) -> Result<(), BankError> {
+        let Some(w) = self.writer.as_ref() else {
+            return Ok(());
+        };
+        if let SyncPolicy::Batch { interval_ms, .. } = w.policy
+            && w.wal.has_unsynced()
+            && w.last_sync.elapsed().as_millis() as u64 >= interval_ms
+        {
+            return self.sync();
+        }
+        Ok(())
+    }
+
+    pub fn set_sync_policy(&mut self, policy: SyncPolicy) {
+        if let Some(w) = self.writer.as_mut() {
+            w.policy = policy;
+        }
+    }
+
+    pub fn sync_policy(&self) -> Option<SyncPolicy> {
+        self.writer.as_ref().map(|w| w.policy)
+    }
+
+    fn maybe_checkpoint(&mut self) -> Result<(), BankError> {
+        let w = self.writer.as_ref().expect("writer");
+        if w.wal.size_bytes() >= w.checkpoint_wal_bytes {
+            self.checkpoint()?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,202 @@
+//! The checkpointed part of a bank: node-table and vector segments mapped
+//! on first use, payload records read on demand. Opening maps nothing and
+//! reads nothing here, so open cost does not grow with the node count.
+
+use std::sync::{Arc, Mutex, RwLock};
+
+use super::BankError;
+use crate::format::payload::{Payload, decode_record};
+use crate::format::row::{ROW_SIZE_BYTES, Row};
+use crate::format::vector_crc32;
+use crate::storage::{
+    Mapping, OpenMode, PAYLOAD_FILE, Storage, StorageError, StorageFile, table_segment_file,
+    vector_segment_file,
+};
+
+pub(crate) struct SegmentMaps {
+    pub table: Mapping,
+    pub vectors: Mapping,
+}
+
+pub(crate) struct Base {
+    storage: Arc<dyn Storage>,
+    pub node_count: u32,
+    pub rows_per_segment: u32,
+    pub dim_count: u32,
+    pub stride_bytes: u32,
+    segments: RwLock<Vec<Option<Arc<SegmentMaps>>>>,
+    payload_file: Mutex<Option<Arc<dyn StorageFile>>>,
+}
+
+impl Base {
+    pub fn new(
+        storage: Arc<dyn Storage>,
+        node_count: u32,
+        rows_per_segment: u32,
+        dim_count: u32,
+    ) -> Base {
+        let segment_count = node_count.div_ceil(rows_per_segment) as usize;
+        Base {
+            storage,
+            node_count,
+            rows_per_segment,
+            dim_count,
+            stride_bytes: crate::format::vector_stride_bytes(dim_count),
+            segments: RwLock::new(vec![None; segment_count]),
+            payload_file: Mutex::new(None),
+        }
+    }
+
+    pub fn segment_count(&self) -> u32 {
+        self.node_count.div_ceil(self.rows_per_segment)
+    }
+
+    pub fn table_segment_size_bytes(&self) -> u64 {
+        u64::from(self.rows_per_segment) * ROW_SIZE_BYTES as u64
+    }
+
+    pub fn vector_segment_size_bytes(&self) -> u64 {
+        u64::from(self.rows_per_segment) * u64::from(self.stride_bytes)
+    }
+
+    /// The mappings of segment `segment`, mapping it on first use.
+    pub fn segment(&self, segment: u32) -> Result<Arc<SegmentMaps>, BankError> {
+        if let Some(Some(maps)) = self.segments.read().unwrap().get(segment as usize) {
+            return Ok(maps.clone());
+        }
+        let maps = Arc::new(SegmentMaps {
+            table: self.map_file(
+                &table_segment_file(segment),
+                self.table_segment_size_bytes(),
+            )?,
+            vectors: self.map_file(
+                &vector_segment_file(segment),
+                self.vector_segment_size_bytes(),
+            )?,
+        });
+        let mut slots = self.segments.write().unwrap();
+        slots[segment as usize] = Some(maps.clone());
+        Ok(maps)
+    }
+
+    fn map_file(&self, name: &str, expected_bytes: u64) -> Result<Mapping, BankError> {
+        let desc = self.storage.describe(name);
+        let file = self
+            .storage
+            .open(name, OpenMode::Read)
+            .map_err(StorageError::io("open", desc.clone()))?;
+        let map = file.map().map_err(StorageError::io("map", desc.clone()))?;
+        if map.len() as u64 != expected_bytes {
+            return Err(BankError::Corrupt {
+                file: desc,
+                offset_bytes: map.len() as u64,
+                detail: format!("segment is {} bytes, expected {expected_bytes}", map.len()),
+            });
+        }
+        Ok(map)
+    }
+
+    /// Decodes and checks row `index` (< node_count).
+    pub fn row(&self, index: u32) -> Result<Row, BankError> {
+        debug_assert!(index < self.node_count);
+        let segment = index / self.rows_per_segment;
+        let maps = self.segment(segment)?;
+        let offset = (index % self.rows_per_segment) as usize * ROW_SIZE_BYTES;
+        Row::decode(&maps.table[offset..offset + ROW_SIZE_BYTES], index).map_err(|e| {
+            StorageError::corrupt(
+                self.storage.describe(&table_segment_file(segment)),
+                offset as u64,
+                e,
+            )
+            .into()
+        })
+    }
+
+    /// Byte range of row `index`'s vector within its vector segment.
+    pub fn vector_range(&self, index: u32) -> std::ops::Range<usize> {
+        let start = (index % self.rows_per_segment) as usize * self.stride_bytes as usize;
+        start..start + self.dim_count as usize * 4
+    }
+
+    /// Copies row `index`'s vector out, checking it against the row's CRC.
+    pub fn vector(&self, row: &Row) -> Result<Vec<f32>, BankError> {
+        let maps = self.segment(row.index / self.rows_per_segment)?;
+        let bytes = &maps.vectors[self.vector_range(row.index)];
+        let vector: Vec<f32> = bytemuck::pod_collect_to_vec(bytes);
+        self.check_vector(row, &vector)?;
+        Ok(vector)
+    }
+
+    pub fn check_vector(&self, row: &Row, vector: &[f32]) -> Result<(), BankError> {
+        let computed = vector_crc32(vector);
+        if computed != row.vector_crc32 {
+            let segment = row.index / self.rows_per_segment;
+            return Err(BankError::Corrupt {
+                file: self.storage.describe(&vector_segment_file(segment)),
+                offset_bytes: self.vector_range(row.index).start as u64,
+                detail: format!(
+                    "vector of node {} fails its checksum (stored {:#010x}, computed {computed:#010x})",
+                    row.index, row.vector_crc32
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads the raw payload record of a checkpointed node.
+    pub fn payload_record(&self, row: &Row) -> Result<Vec<u8>, BankError> {
+        let desc = self.storage.describe(PAYLOAD_FILE);
+        let file = {
+            let mut slot = self.payload_file.lock().unwrap();
+            match slot.as_ref() {
+                Some(f) => f.clone(),
+                None => {
+                    let f = self
+                        .storage
+                        .open(PAYLOAD_FILE, OpenMode::Read)
+                        .map_err(StorageError::io("open", desc.clone()))?;
+                    *slot = Some(f.clone());
+                    f
+                }
+            }
+        };
+        // A forged size could ask for gigabytes; no real record is larger
+        // than the compressed bound of the payload limit.
+        let limit_bytes =
+            zstd::zstd_safe::compress_bound(crate::format::MAX_PAYLOAD_BYTES) + 64 * 1024;
+        if row.payload_size_bytes as usize > limit_bytes {
+            return Err(BankError::Corrupt {
+                file: desc,
+                offset_bytes: row.payload_offset_bytes,
+                detail: format!(
+                    "node {} claims a {}-byte payload record",
+                    row.index, row.payload_size_bytes
+                ),
+            });
+        }
+        let mut buf = vec![0u8; row.payload_size_bytes as usize];
+        file.read_exact_at(&mut buf, row.payload_offset_bytes)
+            .map_err(|e| BankError::Corrupt {
+                file: desc,
+                offset_bytes: row.payload_offset_bytes,
+                detail: format!(
+                    "cannot read the {}-byte payload record of node {}: {e}",
+                    buf.len(),
+                    row.index
+                ),
+            })?;
+        Ok(buf)
+    }
+
+    pub fn payload(&self, row: &Row) -> Result<Payload, BankError> {
+        let record = self.payload_record(row)?;
+        decode_record(&record, row.index).map_err(|e| {
+            StorageError::corrupt(
+                self.storage.describe(PAYLOAD_FILE),
+                row.payload_offset_bytes,
+                e,
+            )
+            .into()
+        })
+    }
+}

@@ -1,0 +1,60 @@
+use thiserror::Error;
+
+use crate::storage::StorageError;
+use crate::tree::TreeError;
+
+/// Everything the bank API can refuse or fail with. Input errors leave the
+/// bank unchanged; `Poisoned` means a write or fsync failed and the bank
+/// refuses writes until it is reopened.
+#[derive(Debug, Error)]
+pub enum BankError {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("{path} is not a deltamem bank (no MANIFEST file)")]
+    NotABank { path: String },
+    #[error("{path} already holds a bank")]
+    AlreadyExists { path: String },
+    #[error("invalid configuration: {0}")]
+    BadConfig(String),
+    #[error("embedding has {found} dimensions, the bank stores {expected}")]
+    DimensionMismatch { expected: u32, found: usize },
+    #[error("bad embedding: {0}")]
+    BadEmbedding(String),
+    #[error("unknown tree {name:?} (this bank has: {known})")]
+    UnknownTree { name: String, known: String },
+    #[error("unknown node {0}")]
+    UnknownNode(String),
+    #[error("node {node} belongs to tree {node_tree:?}, not {wanted:?}")]
+    WrongTree {
+        node: u32,
+        node_tree: String,
+        wanted: String,
+    },
+    #[error("scenario text is empty")]
+    EmptyScenario,
+    #[error("payload is {size_bytes} bytes, the limit is {limit_bytes}")]
+    PayloadTooLarge {
+        size_bytes: usize,
+        limit_bytes: usize,
+    },
+    #[error("bad external id {id:?}: {detail}")]
+    BadExternalId { id: String, detail: String },
+    #[error("external id {id:?} is already used by node {existing}")]
+    DuplicateExternalId { id: String, existing: u32 },
+    #[error("node {node} is already consolidated (into root {root})")]
+    AlreadyConsolidated { node: u32, root: u32 },
+    #[error("node {node} cannot be consolidated: {reason}")]
+    NotConsolidatable { node: u32, reason: String },
+    #[error("bank is read-only: {0}")]
+    ReadOnly(String),
+    #[error("bank refuses writes after an I/O failure ({0}); reopen it to recover")]
+    Poisoned(String),
+    #[error("corrupt {file} at offset {offset_bytes}: {detail}")]
+    Corrupt {
+        file: String,
+        offset_bytes: u64,
+        detail: String,
+    },
+    #[error(transparent)]
+    Tree(#[from] TreeError),
+}

@@ -1,0 +1,248 @@
+//! The bank API: ties the format, the storage and the tree rules together.
+//!
+//! State = checkpoint (data files, [`base::Base`]) + overlay (everything
+//! committed since, rebuilt from the WAL on open). Mutations are validated
+//! against the overlay, appended to the WAL as one record, then synced as
+//! the sync policy says; checkpoints fold the overlay into the data files.
+
+mod apply;
+mod base;
+mod checkpoint;
+mod error;
+mod mutate;
+mod open;
+mod overlay;
+mod scan;
+mod stats;
+mod verify;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+pub use error::BankError;
+pub use mutate::{Attach, ConsolidateAck, HitAck, InsertAck, NewNode};
+pub use open::{BankConfig, OpenOptions};
+pub use scan::{Match, QueryOptions};
+pub use stats::{Stats, TreeStats};
+pub use verify::{Problem, VerifyReport};
+
+use crate::format::manifest::Manifest;
+use crate::format::payload::{Payload, decode_record};
+use crate::format::row::Row;
+use crate::storage::Storage;
+use crate::storage::wal::WalWriter;
+use crate::tree::{self, TreeStyle};
+use base::Base;
+use overlay::Overlay;
+
+/// When the WAL is fsynced relative to acknowledging a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncPolicy {
+    /// fsync before every acknowledgement.
+    Always,
+    /// fsync once `records` records or `interval_ms` have accumulated; a
+    /// write is acknowledged when the sync covering it completes.
+    Batch { records: u32, interval_ms: u64 },
+    /// Never fsync except at checkpoints and close; a process crash loses
+    /// nothing, a power loss may lose what was written since.
+    None,
+}
+
+impl SyncPolicy {
+    pub fn parse(text: &str) -> Option<SyncPolicy> {
+        match text {
+            "always" => Some(SyncPolicy::Always),
+            "batch" => Some(SyncPolicy::Batch {
+                records: 1000,
+                interval_ms: 100,
+            }),
+            "none" => Some(SyncPolicy::None),
+            _ => None,
+        }
+    }
+}
+
+/// How a node is named by callers: its index, or its external id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeRef {
+    Index(u32),
+    External(String),
+}
+
+/// A node with everything decoded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeInfo {
+    pub row: Row,
+    pub tree_name: String,
+    pub payload: Payload,
+}
+
+struct Writer {
+    _lock: Box<dyn Send + Sync>,
+    wal: WalWriter,
+    policy: SyncPolicy,
+    /// Set after any failed write or fsync: the on-disk state is unknown.
+    poisoned: Option<String>,
+    last_sync: Instant,
+    checkpoint_wal_bytes: u64,
+}
+
+pub struct Bank {
+    storage: Arc<dyn Storage>,
+    manifest: Manifest,
+    base: Base,
+    overlay: Overlay,
+    writer: Option<Writer>,
+    /// External id -> index, built on first use (O(N) once).
+    external_ids: Mutex<Option<HashMap<[u8; 16], u32>>>,
+}
+
+impl Bank {
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    pub fn dim_count(&self) -> u32 {
+        self.manifest.dim_count
+    }
+
+    pub fn node_count(&self) -> u32 {
+        self.overlay.total_count()
+    }
+
+    pub fn is_writer(&self) -> bool {
+        self.writer.is_some()
+    }
+
+    pub fn tree_names(&self) -> Vec<String> {
+        self.manifest.trees.iter().map(|t| t.name.clone()).collect()
+    }
+
+    pub fn tree_index(&self, name: &str) -> Result<u16, BankError> {
+        self.manifest
+            .tree_index(name)
+            .ok_or_else(|| BankError::UnknownTree {
+                name: name.to_string(),
+                known: self.tree_names().join(", "),
+            })
+    }
+
+    pub fn tree_name(&self, tree: u16) -> &str {
+        &self.manifest.trees[usize::from(tree)].name
+    }
+
+    /// Every record with an LSN below this is durable on disk.
+    pub fn durable_below_lsn(&self) -> u64 {
+        self.writer.as_ref().map_or(0, |w| w.wal.synced_below())
+    }
+
+    /// The newest image of a row.
+    pub fn row(&self, index: u32) -> Result<Row, BankError> {
+        if let Some(row) = self.overlay.row(index) {
+            return Ok(row.clone());
+        }
+        if index < self.base.node_count {
+            return self.base.row(index);
+        }
+        Err(BankError::UnknownNode(index.to_string()))
+    }
+
+    pub fn payload(&self, index: u32) -> Result<Payload, BankError> {
+        let row = self.row(index)?;
+        if index >= self.overlay.base_count {
+            let record = self.overlay.payload_record(index);
+            return decode_record(record, index).map_err(|e| BankError::Corrupt {
+                file: "WAL overlay".into(),
+                offset_bytes: 0,
+                detail: e.to_string(),
+            });
+        }
+        self.base.payload(&row)
+    }
+
+    /// The node's normalised vector (checked against its CRC).
+    pub fn vector(&self, index: u32) -> Result<Vec<f32>, BankError> {
+        let row = self.row(index)?;
+        if index >= self.overlay.base_count {
+            return Ok(self.overlay.vector(index).to_vec());
+        }
+        self.base.vector(&row)
+    }
+
+    pub fn node(&self, index: u32) -> Result<NodeInfo, BankError> {
+        let row = self.row(index)?;
+        let payload = self.payload(index)?;
+        let tree_name = self.tree_name(row.tree).to_string();
+        Ok(NodeInfo {
+            row,
+            tree_name,
+            payload,
+        })
+    }
+
+    /// Resolves an index or external id to a node index.
+    pub fn resolve(&self, node: &NodeRef) -> Result<u32, BankError> {
+        match node {
+            NodeRef::Index(i) if *i < self.node_count() => Ok(*i),
+            NodeRef::Index(i) => Err(BankError::UnknownNode(i.to_string())),
+            NodeRef::External(text) => {
+                let (key, _) = crate::format::row::encode_external_id(text)
+                    .ok_or_else(|| BankError::UnknownNode(format!("{text:?}")))?;
+                self.with_external_ids(|ids| ids.get(&key).copied())?
+                    .ok_or_else(|| BankError::UnknownNode(format!("{text:?}")))
+            }
+        }
+    }
+
+    fn with_external_ids<T>(
+        &self,
+        f: impl FnOnce(&mut HashMap<[u8; 16], u32>) -> T,
+    ) -> Result<T, BankError> {
+        let mut slot = self.external_ids.lock().unwrap();
+        if slot.is_none() {
+            let mut map = HashMap::new();
+            for index in 0..self.node_count() {
+                let row = self.row(index)?;
+                if row.external_id_text().is_some() {
+                    map.insert(row.external_id, index);
+                }
+            }
+            *slot = Some(map);
+        }
+        Ok(f(slot.as_mut().expect("just built")))
+    }
+
+    /// Chain root-to-node, top-level root first.
+    pub fn chain(&self, index: u32) -> Result<Vec<u32>, BankError> {
+        tree::chain(index, |i| self.row(i))
+    }
+
+    /// The chain rendered as prompt text, in the tree's style.
+    pub fn render_chain(&self, index: u32) -> Result<String, BankError> {
+        let chain = self.chain(index)?;
+        let mut entries = Vec::with_capacity(chain.len());
+        for i in &chain {
+            entries.push((self.row(*i)?.label, self.payload(*i)?));
+        }
+        let style = TreeStyle::for_tree_name(self.tree_name(self.row(index)?.tree));
+        let refs: Vec<_> = entries.iter().map(|(l, p)| (*l, p)).collect();
+        Ok(tree::render_chain(style, &refs))
+    }
+
+    /// Nodes whose success hits reached K_cons and that are not yet
+    /// consolidated, optionally within one tree, oldest first.
+    pub fn due_for_consolidation(&self, tree_name: Option<&str>) -> Result<Vec<u32>, BankError> {
+        let tree = tree_name.map(|t| self.tree_index(t)).transpose()?;
+        let mut due = Vec::new();
+        for index in 0..self.node_count() {
+            let row = self.row(index)?;
+            if tree.is_none_or(|t| t == row.tree)
+                && tree::is_due(&row, self.manifest.consolidate_after)
+            {
+                due.push(index);
+            }
+        }
+        Ok(due)
+    }
+}

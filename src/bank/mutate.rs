@@ -1,0 +1,337 @@
+//! The write API: insert, success hits, retrieval counts, consolidation.
+
+use std::collections::BTreeMap;
+
+use super::open::now_unix_ms;
+use super::scan::QueryOptions;
+use super::{Bank, BankError, NodeRef, SyncPolicy};
+use crate::format::payload::{Payload, encode_record};
+use crate::format::row::{
+    FLAG_CONSOLIDATED, FLAG_CONSOLIDATED_ROOT, Label, NodeType, Row, encode_external_id,
+};
+use crate::format::wal::WalOp;
+use crate::format::{MAX_PAYLOAD_BYTES, NODE_NONE, vector_crc32};
+use crate::tree::{self, MatchedNode, Placement};
+
+/// Where to put a new node.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Attach {
+    /// Scan the tree with the node's own embedding and apply the write
+    /// decision and attachment rule.
+    Auto,
+    /// A new top-level root.
+    Root,
+    /// Under this node (or beside it, if it sits at D_max).
+    Parent(NodeRef),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewNode {
+    pub tree: String,
+    pub attach: Attach,
+    pub label: Label,
+    pub payload: Payload,
+    pub embedding: Vec<f32>,
+    pub external_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct InsertAck {
+    pub id: u32,
+    pub tree: String,
+    pub node_type: NodeType,
+    pub parent: Option<u32>,
+    pub depth: u8,
+    /// Auto attach only: the scan's best match at or above tau, if any.
+    pub matched: Option<(u32, f32)>,
+    pub lsn: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HitAck {
+    pub id: u32,
+    pub success_hits: u32,
+    /// The node is now due for consolidation.
+    pub due: bool,
+    pub lsn: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConsolidateAck {
+    pub source: u32,
+    pub new_root: u32,
+    pub lsn: u64,
+}
+
+/// Checks and L2-normalises an embedding.
+pub(crate) fn normalise(embedding: &[f32], dim_count: u32) -> Result<Vec<f32>, BankError> {
+    if embedding.len() != dim_count as usize {
+        return Err(BankError::DimensionMismatch {
+            expected: dim_count,
+            found: embedding.len(),
+        });
+    }
+    if let Some(i) = embedding.iter().position(|x| !x.is_finite()) {
+        return Err(BankError::BadEmbedding(format!(
+            "component {i} is {}",
+            embedding[i]
+        )));
+    }
+    let norm = embedding
+        .iter()
+        .map(|x| f64::from(*x) * f64::from(*x))
+        .sum::<f64>()
+        .sqrt();
+    if norm < 1e-12 || !norm.is_finite() {
+        return Err(BankError::BadEmbedding(format!(
+            "vector norm is {norm}: cannot normalise"
+        )));
+    }
+    Ok(embedding
+        .iter()
+        .map(|x| (f64::from(*x) / norm) as f32)
+        .collect())
+}
+
+impl Bank {
+    pub fn insert(&mut self, node: NewNode) -> Result<InsertAck, BankError> {
+        self.insert_with(node, None)
+    }
+
+    /// Inserts one node; `sync` overrides the bank's policy for this call.
+    pub fn insert_with(
+        &mut self,
+        node: NewNode,
+        sync: Option<SyncPolicy>,
+    ) -> Result<InsertAck, BankError> {
+        self.check_writable()?;
+        let tree = self.tree_index(&node.tree)?;
+        let vector = normalise(&node.embedding, self.manifest.dim_count)?;
+        if node.payload.scenario.trim().is_empty() {
+            return Err(BankError::EmptyScenario);
+        }
+        if node.payload.size_bytes() > MAX_PAYLOAD_BYTES {
+            return Err(BankError::PayloadTooLarge {
+                size_bytes: node.payload.size_bytes(),
+                limit_bytes: MAX_PAYLOAD_BYTES,
+            });
+        }
+        let (external_id, id_flags) = self.check_external_id(node.external_id.as_deref())?;
+        let (placement, matched) = self.placement(tree, &node.tree, &node.attach, &vector)?;
+        let index = self.node_count();
+        let payload_record = encode_record(index, &node.payload);
+        let (node_type, parent, depth) = match placement {
+            Placement::Root => (NodeType::Root, None, 1),
+            Placement::Residual { parent, depth } => (NodeType::Residual, Some(parent), depth),
+        };
+        let row = Row {
+            index,
+            parent: parent.unwrap_or(NODE_NONE),
+            tree,
+            node_type,
+            label: node.label,
+            depth,
+            flags: id_flags,
+            success_hits: 0,
+            retrievals: 0,
+            link: NODE_NONE,
+            vector_crc32: vector_crc32(&vector),
+            payload_offset_bytes: self.overlay.payload_end_bytes,
+            payload_size_bytes: payload_record.len() as u32,
+            created_unix_ms: now_unix_ms(),
+            external_id,
+        };
+        let lsn = self.commit(
+            vec![WalOp::PutNode {
+                row,
+                vector,
+                payload_record,
+            }],
+            sync,
+        )?;
+        if id_flags != 0 {
+            self.with_external_ids(|ids| ids.insert(external_id, index))?;
+        }
+        Ok(InsertAck {
+            id: index,
+            tree: node.tree,
+            node_type,
+            parent,
+            depth,
+            matched,
+            lsn,
+        })
+    }
+
+    fn check_external_id(&self, text: Option<&str>) -> Result<([u8; 16], u8), BankError> {
+        let Some(text) = text else {
+            return Ok(([0; 16], 0));
+        };
+        let (key, flags) = encode_external_id(text).ok_or_else(|| BankError::BadExternalId {
+            id: text.to_string(),
+            detail: "must be a lowercase hyphenated UUID or 1..=16 bytes of text".into(),
+        })?;
+        if let Some(existing) = self.with_external_ids(|ids| ids.get(&key).copied())? {
+            return Err(BankError::DuplicateExternalId {
+                id: text.to_string(),
+                existing,
+            });
+        }
+        Ok((key, flags))
+    }
+
+    fn placement(
+        &self,
+        tree: u16,
+        tree_name: &str,
+        attach: &Attach,
+        vector: &[f32],
+    ) -> Result<(Placement, Option<(u32, f32)>), BankError> {
+        let max_depth = self.manifest.max_depth;
+        match attach {
+            Attach::Root => Ok((Placement::Root, None)),
+            Attach::Auto => {
+                let best = self
+                    .scan_tree(tree, vector, &QueryOptions::default())?
+                    .into_iter()
+                    .next();
+                let matched = best.map(|c| -> Result<_, BankError> {
+                    let row = self.row(c.index)?;
+                    Ok((
+                        MatchedNode {
+                            index: c.index,
+                            depth: row.depth,
+                            parent: row.parent(),
+                        },
+                        c.score,
+                    ))
+                });
+                let matched = matched.transpose()?;
+                Ok((
+                    tree::place(matched.map(|m| m.0), max_depth),
+                    matched.map(|(m, s)| (m.index, s)),
+                ))
+            }
+            Attach::Parent(node) => {
+                let index = self.resolve(node)?;
+                let row = self.row(index)?;
+                if row.tree != tree {
+                    return Err(BankError::WrongTree {
+                        node: index,
+                        node_tree: self.tree_name(row.tree).to_string(),
+                        wanted: tree_name.to_string(),
+                    });
+                }
+                let m = MatchedNode {
+                    index,
+                    depth: row.depth,
+                    parent: row.parent(),
+                };
+                Ok((tree::place(Some(m), max_depth), None))
+            }
+        }
+    }
+
+    /// Counts a success hit on the matched node of a successful episode.
+    pub fn success_hit(&mut self, index: u32) -> Result<HitAck, BankError> {
+        self.check_writable()?;
+        let mut row = self.row(index)?;
+        row.success_hits = row.success_hits.saturating_add(1);
+        let due = tree::is_due(&row, self.manifest.consolidate_after);
+        let success_hits = row.success_hits;
+        let lsn = self.commit(vec![WalOp::PutRow { row }], None)?;
+        Ok(HitAck {
+            id: index,
+            success_hits,
+            due,
+            lsn,
+        })
+    }
+
+    /// Bumps `retrievals` of every node of a chain that was used, in one
+    /// transaction.
+    pub fn record_retrievals(&mut self, indexes: &[u32]) -> Result<u64, BankError> {
+        self.check_writable()?;
+        let mut ops = Vec::with_capacity(indexes.len());
+        let mut seen = std::collections::BTreeSet::new();
+        for &index in indexes {
+            if !seen.insert(index) {
+                continue;
+            }
+            let mut row = self.row(index)?;
+            row.retrievals = row.retrievals.saturating_add(1);
+            ops.push(WalOp::PutRow { row });
+        }
+        self.commit(ops, None)
+    }
+
+    /// Writes the distilled payload of `index`'s chain as a new root and
+    /// flags `index` consolidated, atomically (one WAL record). Optimistic:
+    /// fails cleanly if `index` was consolidated meanwhile.
+    pub fn consolidate(
+        &mut self,
+        index: u32,
+        fields: BTreeMap<String, String>,
+    ) -> Result<ConsolidateAck, BankError> {
+        self.check_writable()?;
+        let mut source = self.row(index)?;
+        if source.is_consolidated() {
+            return Err(BankError::AlreadyConsolidated {
+                node: index,
+                root: source.link,
+            });
+        }
+        if source.node_type == NodeType::Root {
+            return Err(BankError::NotConsolidatable {
+                node: index,
+                reason: "a root is already self-contained".into(),
+            });
+        }
+        let payload = Payload {
+            scenario: self.payload(index)?.scenario,
+            fields,
+        };
+        if payload.size_bytes() > MAX_PAYLOAD_BYTES {
+            return Err(BankError::PayloadTooLarge {
+                size_bytes: payload.size_bytes(),
+                limit_bytes: MAX_PAYLOAD_BYTES,
+            });
+        }
+        let vector = self.vector(index)?;
+        let new_root = self.node_count();
+        let payload_record = encode_record(new_root, &payload);
+        let root_row = Row {
+            index: new_root,
+            parent: NODE_NONE,
+            tree: source.tree,
+            node_type: NodeType::Root,
+            label: Label::Success,
+            depth: 1,
+            flags: FLAG_CONSOLIDATED_ROOT,
+            success_hits: 0,
+            retrievals: 0,
+            link: index,
+            vector_crc32: source.vector_crc32,
+            payload_offset_bytes: self.overlay.payload_end_bytes,
+            payload_size_bytes: payload_record.len() as u32,
+            created_unix_ms: now_unix_ms(),
+            external_id: [0; 16],
+        };
+        source.flags |= FLAG_CONSOLIDATED;
+        source.link = new_root;
+        let ops = vec![
+            WalOp::PutNode {
+                row: root_row,
+                vector,
+                payload_record,
+            },
+            WalOp::PutRow { row: source },
+        ];
+        let lsn = self.commit(ops, None)?;
+        Ok(ConsolidateAck {
+            source: index,
+            new_root,
+            lsn,
+        })
+    }
+}

@@ -1,0 +1,301 @@
+//! Creating and opening banks, and recovery (WAL replay into the overlay).
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use super::base::Base;
+use super::overlay::Overlay;
+use super::{Bank, BankError, SyncPolicy, Writer};
+use crate::format::manifest::{MAX_TREES, Manifest, TREE_NAME_MAX_BYTES, TreeSpec};
+use crate::format::wal::{WalHeader, decode_ops};
+use crate::format::{MAX_DIM_COUNT, default_rows_per_segment, vector_stride_bytes};
+use crate::storage::wal::{WalScan, WalWriter, scan};
+use crate::storage::{
+    FileStorage, MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, PAYLOAD_FILE, Storage, StorageError,
+    read_all, replace_atomically,
+};
+
+/// Parameters fixed at `init`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BankConfig {
+    pub dim_count: u32,
+    pub trees: Vec<TreeSpec>,
+    /// Failure penalty subtracted from a FAILURE node's similarity.
+    pub eps: f32,
+    /// D_max: the longest chain, in nodes.
+    pub max_depth: u8,
+    /// K_cons: success hits that make a residual node due for consolidation.
+    pub consolidate_after: u32,
+    /// Rows per segment file; None picks a ~64 MiB vector segment.
+    pub rows_per_segment: Option<u32>,
+}
+
+impl BankConfig {
+    /// The paper's two trees with the reference's ScienceWorld thresholds.
+    pub fn new(dim_count: u32) -> BankConfig {
+        BankConfig {
+            dim_count,
+            trees: vec![
+                TreeSpec {
+                    name: "task".into(),
+                    tau: 0.82,
+                },
+                TreeSpec {
+                    name: "env".into(),
+                    tau: 0.82,
+                },
+            ],
+            eps: 0.05,
+            max_depth: 5,
+            consolidate_after: 3,
+            rows_per_segment: None,
+        }
+    }
+
+    fn validate(&self) -> Result<(), BankError> {
+        let bad = |m: String| Err(BankError::BadConfig(m));
+        if self.dim_count == 0 || self.dim_count > MAX_DIM_COUNT {
+            return bad(format!(
+                "dimension {} outside 1..={MAX_DIM_COUNT}",
+                self.dim_count
+            ));
+        }
+        if self.trees.is_empty() || self.trees.len() > MAX_TREES {
+            return bad(format!(
+                "{} trees (allowed 1..={MAX_TREES})",
+                self.trees.len()
+            ));
+        }
+        for t in &self.trees {
+            if t.name.is_empty() || t.name.len() > TREE_NAME_MAX_BYTES || t.name.contains('\0') {
+                return bad(format!(
+                    "tree name {:?} must be 1..={TREE_NAME_MAX_BYTES} bytes",
+                    t.name
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How to open an existing bank.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    pub read_only: bool,
+    pub sync: SyncPolicy,
+    /// Checkpoint once the WAL grows past this; bounds recovery time and
+    /// overlay memory.
+    pub checkpoint_wal_bytes: u64,
+}
+
+impl Default for OpenOptions {
+    fn default() -> OpenOptions {
+        OpenOptions {
+            read_only: false,
+            sync: SyncPolicy::Always,
+            checkpoint_wal_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+pub(crate) fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A fresh WAL salt, different from `previous`. Not cryptographic: it only
+/// has to tell WAL generations apart.
+pub(crate) fn new_salt(previous: u64) -> u64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut x = nanos ^ (u64::from(std::process::id()) << 32) ^ previous.rotate_left(17);
+    // splitmix64 finaliser.
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    if x == previous { x ^ 1 } else { x }
+}
+
+impl Bank {
+    /// Creates a bank in directory `path` (created if missing, must not
+    /// already hold a bank).
+    pub fn create_dir(path: impl AsRef<Path>, config: BankConfig) -> Result<Bank, BankError> {
+        let path = path.as_ref();
+        std::fs::create_dir_all(path).map_err(StorageError::io(
+            "create directory",
+            path.display().to_string(),
+        ))?;
+        Bank::create(Arc::new(FileStorage::new(path)), config)
+    }
+
+    pub fn open_dir(path: impl AsRef<Path>, options: OpenOptions) -> Result<Bank, BankError> {
+        Bank::open(Arc::new(FileStorage::new(path.as_ref())), options)
+    }
+
+    /// Creates a bank. The manifest is written last: it is what makes the
+    /// directory a bank, so a crash during creation leaves no half bank.
+    pub fn create(storage: Arc<dyn Storage>, config: BankConfig) -> Result<Bank, BankError> {
+        config.validate()?;
+        let lock = storage.try_lock_writer()?;
+        if storage
+            .exists(MANIFEST_FILE)
+            .map_err(StorageError::io("stat", storage.describe(MANIFEST_FILE)))?
+        {
+            return Err(BankError::AlreadyExists {
+                path: storage.describe(""),
+            });
+        }
+        let rows_per_segment = config
+            .rows_per_segment
+            .unwrap_or_else(|| default_rows_per_segment(config.dim_count));
+        let salt = new_salt(0);
+        let manifest = Manifest {
+            sequence: 1,
+            flags: 0,
+            dim_count: config.dim_count,
+            row_stride_bytes: vector_stride_bytes(config.dim_count),
+            rows_per_segment,
+            eps: config.eps,
+            max_depth: config.max_depth,
+            consolidate_after: config.consolidate_after,
+            checkpoint_lsn: 0,
+            node_count: 0,
+            payload_end_bytes: 0,
+            wal_salt: salt,
+            created_unix_ms: now_unix_ms(),
+            trees: config.trees.clone(),
+        };
+        manifest
+            .validate()
+            .map_err(|e| BankError::BadConfig(e.to_string()))?;
+        let payload = storage
+            .open(PAYLOAD_FILE, OpenMode::Create)
+            .map_err(StorageError::io("create", storage.describe(PAYLOAD_FILE)))?;
+        payload
+            .set_len(0)
+            .map_err(StorageError::io("truncate", storage.describe(PAYLOAD_FILE)))?;
+        let wal = WalWriter::create(storage.as_ref(), WalHeader { salt, start_lsn: 1 })?;
+        replace_atomically(
+            storage.as_ref(),
+            MANIFEST_FILE,
+            MANIFEST_TMP_FILE,
+            &manifest.encode(),
+        )?;
+        let writer = Writer {
+            _lock: lock,
+            wal,
+            policy: SyncPolicy::Always,
+            poisoned: None,
+            last_sync: Instant::now(),
+            checkpoint_wal_bytes: OpenOptions::default().checkpoint_wal_bytes,
+        };
+        Ok(Bank::assemble(storage, manifest, Some(writer)))
+    }
+
+    fn assemble(storage: Arc<dyn Storage>, manifest: Manifest, writer: Option<Writer>) -> Bank {
+        let count = manifest.node_count as u32;
+        Bank {
+            base: Base::new(
+                storage.clone(),
+                count,
+                manifest.rows_per_segment,
+                manifest.dim_count,
+            ),
+            overlay: Overlay::new(count, manifest.dim_count, manifest.payload_end_bytes),
+            storage,
+            manifest,
+            writer,
+            external_ids: Mutex::new(None),
+        }
+    }
+
+    /// Opens a bank: as the single writer (taking the lock and recovering
+    /// the WAL), or read-only (no lock; the WAL is replayed in memory only).
+    pub fn open(storage: Arc<dyn Storage>, options: OpenOptions) -> Result<Bank, BankError> {
+        let lock = if options.read_only {
+            None
+        } else {
+            Some(storage.try_lock_writer()?)
+        };
+        let manifest = read_manifest(storage.as_ref())?;
+        if manifest.is_frozen() && !options.read_only {
+            return Err(BankError::ReadOnly(format!(
+                "{} is frozen",
+                storage.describe("")
+            )));
+        }
+        let wal_scan = scan(storage.as_ref())?;
+        let mut bank = Bank::assemble(storage.clone(), manifest, None);
+        let stale = wal_scan.header.salt != bank.manifest.wal_salt;
+        if !stale {
+            bank.replay(&wal_scan)?;
+        }
+        if let Some(lock) = lock {
+            let wal = if stale {
+                // Every record of a stale WAL is covered by the checkpoint.
+                let start_lsn = bank.manifest.checkpoint_lsn + 1;
+                WalWriter::create(
+                    storage.as_ref(),
+                    WalHeader {
+                        salt: bank.manifest.wal_salt,
+                        start_lsn,
+                    },
+                )?
+            } else {
+                WalWriter::resume(storage.as_ref(), &wal_scan)?
+            };
+            bank.writer = Some(Writer {
+                _lock: lock,
+                wal,
+                policy: options.sync,
+                poisoned: None,
+                last_sync: Instant::now(),
+                checkpoint_wal_bytes: options.checkpoint_wal_bytes,
+            });
+        }
+        Ok(bank)
+    }
+
+    /// Applies the records the checkpoint lacks. A record whose CRC holds
+    /// but whose ops contradict the bank is corruption, not a torn tail.
+    fn replay(&mut self, wal_scan: &WalScan) -> Result<(), BankError> {
+        let desc = self.storage.describe(crate::storage::WAL_FILE);
+        for record in &wal_scan.records {
+            if record.lsn <= self.manifest.checkpoint_lsn {
+                continue;
+            }
+            let body = wal_scan.body(record);
+            let ops = decode_ops(body, record.op_count, self.manifest.dim_count).map_err(|e| {
+                StorageError::corrupt(
+                    desc.clone(),
+                    record.offset_bytes + crate::format::wal::RECORD_HEADER_SIZE_BYTES as u64,
+                    e,
+                )
+            })?;
+            self.apply_txn(ops).map_err(|e| BankError::Corrupt {
+                file: desc.clone(),
+                offset_bytes: record.offset_bytes,
+                detail: format!("record {} cannot be applied: {e}", record.lsn),
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads and decodes MANIFEST, telling "not a bank" apart from corruption.
+pub(crate) fn read_manifest(storage: &dyn Storage) -> Result<Manifest, BankError> {
+    let desc = storage.describe(MANIFEST_FILE);
+    if !storage
+        .exists(MANIFEST_FILE)
+        .map_err(StorageError::io("stat", desc.clone()))?
+    {
+        return Err(BankError::NotABank {
+            path: storage.describe(""),
+        });
+    }
+    let bytes = read_all(storage, MANIFEST_FILE)?;
+    Manifest::decode(&bytes).map_err(|e| StorageError::corrupt(desc, 0, e).into())
+}

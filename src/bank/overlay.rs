@@ -1,0 +1,125 @@
+//! Everything committed since the checkpoint, held in memory: new nodes
+//! (rows, vectors, payload records) and new images of checkpointed rows.
+//! Rebuilt from the WAL on open; written into the data files and dropped
+//! by the next checkpoint.
+
+use std::collections::BTreeMap;
+
+use crate::format::row::Row;
+
+#[derive(Debug, Default)]
+pub(crate) struct Overlay {
+    /// Node count of the checkpoint; new nodes are numbered from here.
+    pub base_count: u32,
+    pub dim_count: u32,
+    /// New nodes, index `base_count + i`.
+    pub rows: Vec<Row>,
+    /// Their vectors, `dim_count` floats each, already normalised.
+    pub vectors: Vec<f32>,
+    /// Their encoded payload records.
+    pub payloads: Vec<Vec<u8>>,
+    /// New images of checkpointed rows (counters, flags, links).
+    pub patched: BTreeMap<u32, Row>,
+    /// End of the payload log once the new nodes' records are appended.
+    pub payload_end_bytes: u64,
+}
+
+/// Enough to undo a partly applied transaction.
+pub(crate) struct Mark {
+    rows_len: usize,
+    payload_end_bytes: u64,
+    undo: Vec<(u32, Option<Row>)>,
+}
+
+impl Overlay {
+    pub fn new(base_count: u32, dim_count: u32, payload_end_bytes: u64) -> Overlay {
+        Overlay {
+            base_count,
+            dim_count,
+            payload_end_bytes,
+            ..Default::default()
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty() && self.patched.is_empty()
+    }
+
+    pub fn total_count(&self) -> u32 {
+        self.base_count + self.rows.len() as u32
+    }
+
+    /// The newest image of `index` held here, if any.
+    pub fn row(&self, index: u32) -> Option<&Row> {
+        if index >= self.base_count {
+            self.rows.get((index - self.base_count) as usize)
+        } else {
+            self.patched.get(&index)
+        }
+    }
+
+    /// Vector of a new node (index >= base_count).
+    pub fn vector(&self, index: u32) -> &[f32] {
+        let dim = self.dim_count as usize;
+        let at = (index - self.base_count) as usize * dim;
+        &self.vectors[at..at + dim]
+    }
+
+    pub fn payload_record(&self, index: u32) -> &[u8] {
+        &self.payloads[(index - self.base_count) as usize]
+    }
+
+    pub fn mark(&self) -> Mark {
+        Mark {
+            rows_len: self.rows.len(),
+            payload_end_bytes: self.payload_end_bytes,
+            undo: Vec::new(),
+        }
+    }
+
+    pub fn push_node(&mut self, row: Row, vector: &[f32], payload_record: Vec<u8>) {
+        assert_eq!(row.index, self.total_count());
+        assert_eq!(vector.len(), self.dim_count as usize);
+        assert_eq!(row.payload_offset_bytes, self.payload_end_bytes);
+        self.payload_end_bytes += payload_record.len() as u64;
+        self.rows.push(row);
+        self.vectors.extend_from_slice(vector);
+        self.payloads.push(payload_record);
+    }
+
+    pub fn put_row(&mut self, row: Row, mark: &mut Mark) {
+        let index = row.index;
+        if index >= self.base_count {
+            let slot = &mut self.rows[(index - self.base_count) as usize];
+            mark.undo.push((index, Some(slot.clone())));
+            *slot = row;
+        } else {
+            let previous = self.patched.insert(index, row);
+            mark.undo.push((index, previous));
+        }
+    }
+
+    /// Restores the state at `mark`.
+    pub fn rollback(&mut self, mark: Mark) {
+        for (index, previous) in mark.undo.into_iter().rev() {
+            if index >= self.base_count {
+                if let (Some(prev), Some(slot)) = (
+                    previous,
+                    self.rows.get_mut((index - self.base_count) as usize),
+                ) {
+                    *slot = prev;
+                }
+            } else {
+                match previous {
+                    Some(prev) => self.patched.insert(index, prev),
+                    None => self.patched.remove(&index),
+                };
+            }
+        }
+        self.rows.truncate(mark.rows_len);
+        self.payloads.truncate(mark.rows_len);
+        self.vectors
+            .truncate(mark.rows_len * self.dim_count as usize);
+        self.payload_end_bytes = mark.payload_end_bytes;
+    }
+}

@@ -1,0 +1,97 @@
+//! Counts and sizes for `stats`.
+
+use super::{Bank, BankError};
+use crate::format::row::{Label, NodeType, ROW_SIZE_BYTES};
+use crate::storage::WAL_FILE;
+use crate::tree;
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TreeStats {
+    pub name: String,
+    pub tau: f32,
+    pub nodes: u64,
+    pub roots: u64,
+    pub residuals: u64,
+    pub successes: u64,
+    pub failures: u64,
+    pub consolidated: u64,
+    pub consolidated_roots: u64,
+    pub due_for_consolidation: u64,
+    /// `depth_histogram[d - 1]` = nodes at depth d.
+    pub depth_histogram: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stats {
+    pub dim_count: u32,
+    pub nodes: u64,
+    pub checkpointed_nodes: u64,
+    pub trees: Vec<TreeStats>,
+    pub vector_bytes: u64,
+    pub table_bytes: u64,
+    pub payload_bytes: u64,
+    pub wal_bytes: u64,
+    pub checkpoint_lsn: u64,
+    pub frozen: bool,
+}
+
+impl Bank {
+    pub fn stats(&self) -> Result<Stats, BankError> {
+        let max_depth = usize::from(self.manifest.max_depth);
+        let mut trees: Vec<TreeStats> = self
+            .manifest
+            .trees
+            .iter()
+            .map(|t| TreeStats {
+                name: t.name.clone(),
+                tau: t.tau,
+                depth_histogram: vec![0; max_depth],
+                ..Default::default()
+            })
+            .collect();
+        for index in 0..self.node_count() {
+            let row = self.row(index)?;
+            let t = &mut trees[usize::from(row.tree)];
+            t.nodes += 1;
+            match row.node_type {
+                NodeType::Root => t.roots += 1,
+                NodeType::Residual => t.residuals += 1,
+            }
+            match row.label {
+                Label::Success => t.successes += 1,
+                Label::Failure => t.failures += 1,
+            }
+            t.consolidated += u64::from(row.is_consolidated());
+            t.consolidated_roots += u64::from(row.is_consolidated_root());
+            t.due_for_consolidation +=
+                u64::from(tree::is_due(&row, self.manifest.consolidate_after));
+            if let Some(slot) = t
+                .depth_histogram
+                .get_mut(usize::from(row.depth).saturating_sub(1))
+            {
+                *slot += 1;
+            }
+        }
+        let nodes = u64::from(self.node_count());
+        let wal_bytes = self
+            .storage
+            .open(WAL_FILE, crate::storage::OpenMode::Read)
+            .and_then(|f| f.len_bytes())
+            .map_err(crate::storage::StorageError::io(
+                "stat",
+                self.storage.describe(WAL_FILE),
+            ))?;
+        Ok(Stats {
+            dim_count: self.manifest.dim_count,
+            nodes,
+            checkpointed_nodes: u64::from(self.base.node_count),
+            trees,
+            vector_bytes: nodes * u64::from(self.manifest.row_stride_bytes),
+            table_bytes: nodes * ROW_SIZE_BYTES as u64,
+            payload_bytes: self.overlay.payload_end_bytes,
+            wal_bytes,
+            checkpoint_lsn: self.manifest.checkpoint_lsn,
+            frozen: self.manifest.is_frozen(),
+        })
+    }
+}

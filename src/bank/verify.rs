@@ -1,0 +1,304 @@
+//! `verify`: checks every checksum and structural invariant and reports
+//! each problem with its file and offset, instead of stopping at the first.
+
+use super::{Bank, BankError};
+use crate::format::payload::decode_record;
+use crate::format::row::{NodeType, ROW_SIZE_BYTES, Row};
+use crate::format::{NODE_NONE, vector_crc32};
+use crate::storage::wal::scan;
+use crate::storage::{
+    OpenMode, PAYLOAD_FILE, StorageError, WAL_FILE, table_segment_file, vector_segment_file,
+};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Problem {
+    pub file: String,
+    pub offset_bytes: u64,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct VerifyReport {
+    pub nodes_checked: u64,
+    pub wal_records: u64,
+    pub problems: Vec<Problem>,
+}
+
+impl VerifyReport {
+    pub fn is_ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// More problems than this and the rest are not listed one by one.
+const MAX_PROBLEMS: usize = 1000;
+
+impl VerifyReport {
+    fn add(&mut self, file: String, offset_bytes: u64, detail: String) {
+        if self.problems.len() < MAX_PROBLEMS {
+            self.problems.push(Problem {
+                file,
+                offset_bytes,
+                detail,
+            });
+        }
+    }
+
+    fn add_error(&mut self, e: BankError) {
+        match e {
+            BankError::Corrupt {
+                file,
+                offset_bytes,
+                detail,
+            } => self.add(file, offset_bytes, detail),
+            BankError::Storage(StorageError::Corrupt {
+                file,
+                offset_bytes,
+                source,
+            }) => self.add(file, offset_bytes, source.to_string()),
+            other => self.add(String::new(), 0, other.to_string()),
+        }
+    }
+}
+
+impl Bank {
+    pub fn verify(&self) -> Result<VerifyReport, BankError> {
+        let mut report = VerifyReport::default();
+        self.verify_wal(&mut report)?;
+        let mut expected_payload_offset = 0u64;
+        for index in 0..self.base.node_count {
+            report.nodes_checked += 1;
+            match self.base.row(index) {
+                Ok(row) => {
+                    if row.payload_offset_bytes != expected_payload_offset {
+                        let desc = self
+                            .storage
+                            .describe(&table_segment_file(index / self.base.rows_per_segment));
+                        report.add(
+                            desc,
+                            row_offset(self, index),
+                            format!(
+                                "node {index}: payload record not contiguous with the previous one"
+                            ),
+                        );
+                    }
+                    expected_payload_offset =
+                        row.payload_offset_bytes + u64::from(row.payload_size_bytes);
+                    self.verify_node(&row, &mut report);
+                }
+                Err(e) => report.add_error(e),
+            }
+        }
+        if expected_payload_offset != self.manifest.payload_end_bytes && report.is_ok() {
+            report.add(
+                self.storage.describe(PAYLOAD_FILE),
+                expected_payload_offset,
+                "payload log end disagrees with the manifest".into(),
+            );
+        }
+        self.verify_unused_space(&mut report)?;
+        for index in self.base.node_count..self.node_count() {
+            report.nodes_checked += 1;
+            if let Err(e) = self.check_links(&self.row(index)?) {
+                report.add_error(e);
+            }
+        }
+        Ok(report)
+    }
+
+    fn verify_wal(&self, report: &mut VerifyReport) -> Result<(), BankError> {
+        let wal = scan(self.storage.as_ref())?;
+        report.wal_records = wal.records.len() as u64;
+        if wal.header.salt == self.manifest.wal_salt
+            && let Some(reason) = wal.stop_reason
+        {
+            let detail = format!(
+                "{} bytes after the last valid record (a torn write from a crash, or corruption; \
+                 opening the bank for writing truncates them): {reason}",
+                wal.file_len_bytes - wal.valid_end_bytes
+            );
+            report.add(self.storage.describe(WAL_FILE), wal.valid_end_bytes, detail);
+        }
+        Ok(())
+    }
+
+    /// Row shape, links, vector checksum and norm, padding, payload record.
+    fn verify_node(&self, row: &Row, report: &mut VerifyReport) {
+        if let Err(e) = self.check_links(row) {
+            report.add_error(e);
+        }
+        let segment = row.index / self.base.rows_per_segment;
+        let vec_desc = self.storage.describe(&vector_segment_file(segment));
+        match self.base.segment(segment) {
+            Ok(maps) => {
+                let range = self.base.vector_range(row.index);
+                let v: Vec<f32> = bytemuck::pod_collect_to_vec(&maps.vectors[range.clone()]);
+                if vector_crc32(&v) != row.vector_crc32 {
+                    report.add(
+                        vec_desc.clone(),
+                        range.start as u64,
+                        format!("vector of node {} fails its checksum", row.index),
+                    );
+                } else {
+                    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+                    if (norm - 1.0).abs() > 1e-3 {
+                        report.add(
+                            vec_desc.clone(),
+                            range.start as u64,
+                            format!("vector of node {} has norm {norm}", row.index),
+                        );
+                    }
+                }
+                let pad_end = range.start + self.base.stride_bytes as usize;
+                if let Some(at) = maps.vectors[range.end..pad_end]
+                    .iter()
+                    .position(|&b| b != 0)
+                {
+                    report.add(
+                        vec_desc,
+                        (range.end + at) as u64,
+                        format!("padding after the vector of node {} is not zero", row.index),
+                    );
+                }
+            }
+            Err(e) => report.add_error(e),
+        }
+        match self.base.payload_record(row) {
+            Ok(record) => {
+                if let Err(e) = decode_record(&record, row.index) {
+                    report.add(
+                        self.storage.describe(PAYLOAD_FILE),
+                        row.payload_offset_bytes + e.offset_bytes(),
+                        e.to_string(),
+                    );
+                }
+            }
+            Err(e) => report.add_error(e),
+        }
+    }
+
+    /// Parent, depth, type and consolidation links of one row.
+    fn check_links(&self, row: &Row) -> Result<(), BankError> {
+        let bad = |detail: String| {
+            let file = self
+                .storage
+                .describe(&table_segment_file(row.index / self.base.rows_per_segment));
+            Err(BankError::Corrupt {
+                file,
+                offset_bytes: row_offset(self, row.index),
+                detail,
+            })
+        };
+        if usize::from(row.tree) >= self.manifest.trees.len() {
+            return bad(format!(
+                "node {}: tree {} does not exist",
+                row.index, row.tree
+            ));
+        }
+        match (row.parent(), row.node_type) {
+            (None, NodeType::Root) if row.depth == 1 => {}
+            (Some(p), NodeType::Residual) if p < row.index => {
+                let parent = self.row(p)?;
+                if parent.tree != row.tree || parent.depth + 1 != row.depth {
+                    return bad(format!(
+                        "node {}: parent {p} has tree {} depth {}",
+                        row.index, parent.tree, parent.depth
+                    ));
+                }
+            }
+            _ => {
+                return bad(format!(
+                    "node {}: {:?} at depth {} with parent {:?}",
+                    row.index,
+                    row.node_type,
+                    row.depth,
+                    row.parent()
+                ));
+            }
+        }
+        if row.depth > self.manifest.max_depth {
+            return bad(format!(
+                "node {}: depth {} exceeds D_max {}",
+                row.index, row.depth, self.manifest.max_depth
+            ));
+        }
+        if row.is_consolidated() || row.is_consolidated_root() {
+            let other = if row.link == NODE_NONE || row.link >= self.node_count() {
+                return bad(format!(
+                    "node {}: consolidation link {} is dangling",
+                    row.index, row.link
+                ));
+            } else {
+                self.row(row.link)?
+            };
+            if other.link != row.index || other.is_consolidated_root() == row.is_consolidated_root()
+            {
+                return bad(format!(
+                    "node {}: consolidation link to {} is not mutual",
+                    row.index, row.link
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Rows and vectors past the last node of the last segment are never
+    /// written, so anything but zeros there is damage.
+    fn verify_unused_space(&self, report: &mut VerifyReport) -> Result<(), BankError> {
+        let payload = self
+            .storage
+            .open(PAYLOAD_FILE, OpenMode::Read)
+            .map_err(StorageError::io(
+                "open",
+                self.storage.describe(PAYLOAD_FILE),
+            ))?;
+        let len = payload.len_bytes().map_err(StorageError::io(
+            "stat",
+            self.storage.describe(PAYLOAD_FILE),
+        ))?;
+        if len < self.manifest.payload_end_bytes {
+            report.add(
+                self.storage.describe(PAYLOAD_FILE),
+                len,
+                format!(
+                    "file ends before the manifest's payload end {}",
+                    self.manifest.payload_end_bytes
+                ),
+            );
+        }
+        let count = self.base.node_count;
+        let rps = self.base.rows_per_segment;
+        if count % rps == 0 {
+            return Ok(());
+        }
+        let segment = count / rps;
+        let maps = self.base.segment(segment)?;
+        let used_rows = (count % rps) as usize;
+        let checks = [
+            (
+                table_segment_file(segment),
+                &maps.table[..],
+                used_rows * ROW_SIZE_BYTES,
+            ),
+            (
+                vector_segment_file(segment),
+                &maps.vectors[..],
+                used_rows * self.base.stride_bytes as usize,
+            ),
+        ];
+        for (name, bytes, from) in checks {
+            if let Some(at) = bytes[from..].iter().position(|&b| b != 0) {
+                report.add(
+                    self.storage.describe(&name),
+                    (from + at) as u64,
+                    "unused space past the last node is not zero".into(),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+fn row_offset(bank: &Bank, index: u32) -> u64 {
+    u64::from(index % bank.base.rows_per_segment) * ROW_SIZE_BYTES as u64
+}

@@ -1,0 +1,318 @@
+//! The manifest (superblock): bank geometry, tree table and the checkpoint.
+//! One fixed-size block, replaced atomically (write temp, fsync, rename,
+//! fsync directory) at every checkpoint.
+
+use super::*;
+
+pub const MANIFEST_MAGIC: [u8; 8] = *b"DMEMBANK";
+pub const MANIFEST_SIZE_BYTES: usize = 1024;
+
+pub const MAN_MAGIC_OFFSET: usize = 0;
+pub const MAN_VERSION_OFFSET: usize = 8;
+pub const MAN_SIZE_OFFSET: usize = 12;
+pub const MAN_SEQUENCE_OFFSET: usize = 16;
+pub const MAN_FLAGS_OFFSET: usize = 24;
+pub const MAN_DIM_OFFSET: usize = 28;
+pub const MAN_STRIDE_OFFSET: usize = 32;
+pub const MAN_ROWS_PER_SEGMENT_OFFSET: usize = 36;
+pub const MAN_EPS_OFFSET: usize = 40;
+pub const MAN_MAX_DEPTH_OFFSET: usize = 44;
+pub const MAN_TREE_COUNT_OFFSET: usize = 45;
+pub const MAN_CONSOLIDATE_AFTER_OFFSET: usize = 48;
+pub const MAN_CHECKPOINT_LSN_OFFSET: usize = 56;
+pub const MAN_NODE_COUNT_OFFSET: usize = 64;
+pub const MAN_PAYLOAD_END_OFFSET: usize = 72;
+pub const MAN_WAL_SALT_OFFSET: usize = 80;
+pub const MAN_CREATED_OFFSET: usize = 88;
+pub const MAN_TREES_OFFSET: usize = 128;
+pub const MAN_CRC_OFFSET: usize = 1020;
+
+pub const MAX_TREES: usize = 16;
+pub const TREE_ENTRY_SIZE_BYTES: usize = 48;
+pub const TREE_NAME_MAX_BYTES: usize = 40;
+pub const TREE_TAU_OFFSET: usize = 40;
+
+/// Manifest flag: the bank is frozen (read-only forever, WAL empty).
+pub const MANIFEST_FLAG_FROZEN: u32 = 1;
+
+const WHAT: &str = "manifest";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TreeSpec {
+    pub name: String,
+    /// Match threshold (inclusive) for this tree's scans.
+    pub tau: f32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Manifest {
+    pub sequence: u64,
+    pub flags: u32,
+    pub dim_count: u32,
+    pub row_stride_bytes: u32,
+    pub rows_per_segment: u32,
+    pub eps: f32,
+    pub max_depth: u8,
+    pub consolidate_after: u32,
+    pub checkpoint_lsn: u64,
+    pub node_count: u64,
+    pub payload_end_bytes: u64,
+    pub wal_salt: u64,
+    pub created_unix_ms: u64,
+    pub trees: Vec<TreeSpec>,
+}
+
+impl Manifest {
+    pub fn is_frozen(&self) -> bool {
+        self.flags & MANIFEST_FLAG_FROZEN != 0
+    }
+
+    pub fn tree_index(&self, name: &str) -> Option<u16> {
+        self.trees
+            .iter()
+            .position(|t| t.name == name)
+            .map(|i| i as u16)
+    }
+
+    pub fn encode(&self) -> [u8; MANIFEST_SIZE_BYTES] {
+        assert!(self.trees.len() <= MAX_TREES);
+        let mut b = [0u8; MANIFEST_SIZE_BYTES];
+        b[MAN_MAGIC_OFFSET..MAN_MAGIC_OFFSET + 8].copy_from_slice(&MANIFEST_MAGIC);
+        put_u32(&mut b, MAN_VERSION_OFFSET, FORMAT_VERSION);
+        put_u32(&mut b, MAN_SIZE_OFFSET, MANIFEST_SIZE_BYTES as u32);
+        put_u64(&mut b, MAN_SEQUENCE_OFFSET, self.sequence);
+        put_u32(&mut b, MAN_FLAGS_OFFSET, self.flags);
+        put_u32(&mut b, MAN_DIM_OFFSET, self.dim_count);
+        put_u32(&mut b, MAN_STRIDE_OFFSET, self.row_stride_bytes);
+        put_u32(&mut b, MAN_ROWS_PER_SEGMENT_OFFSET, self.rows_per_segment);
+        put_f32(&mut b, MAN_EPS_OFFSET, self.eps);
+        b[MAN_MAX_DEPTH_OFFSET] = self.max_depth;
+        b[MAN_TREE_COUNT_OFFSET] = self.trees.len() as u8;
+        put_u32(&mut b, MAN_CONSOLIDATE_AFTER_OFFSET, self.consolidate_after);
+        put_u64(&mut b, MAN_CHECKPOINT_LSN_OFFSET, self.checkpoint_lsn);
+        put_u64(&mut b, MAN_NODE_COUNT_OFFSET, self.node_count);
+        put_u64(&mut b, MAN_PAYLOAD_END_OFFSET, self.payload_end_bytes);
+        put_u64(&mut b, MAN_WAL_SALT_OFFSET, self.wal_salt);
+        put_u64(&mut b, MAN_CREATED_OFFSET, self.created_unix_ms);
+        for (i, tree) in self.trees.iter().enumerate() {
+            let at = MAN_TREES_OFFSET + i * TREE_ENTRY_SIZE_BYTES;
+            let name = tree.name.as_bytes();
+            assert!(name.len() <= TREE_NAME_MAX_BYTES);
+            b[at..at + name.len()].copy_from_slice(name);
+            put_f32(&mut b, at + TREE_TAU_OFFSET, tree.tau);
+        }
+        let crc = crc32(&b[..MAN_CRC_OFFSET]);
+        put_u32(&mut b, MAN_CRC_OFFSET, crc);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Manifest, FormatError> {
+        need(WHAT, b, MANIFEST_SIZE_BYTES)?;
+        if b[..8] != MANIFEST_MAGIC {
+            return Err(FormatError::BadMagic {
+                what: WHAT,
+                offset_bytes: 0,
+            });
+        }
+        // Version is checked before the CRC so that a future version with a
+        // different layout gets the clear "unsupported version" message.
+        let version = get_u32(b, MAN_VERSION_OFFSET);
+        if version != FORMAT_VERSION {
+            return Err(FormatError::UnsupportedVersion {
+                what: WHAT,
+                found: version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        check_crc(
+            WHAT,
+            MAN_CRC_OFFSET as u64,
+            get_u32(b, MAN_CRC_OFFSET),
+            crc32(&b[..MAN_CRC_OFFSET]),
+        )?;
+        let m = Manifest {
+            sequence: get_u64(b, MAN_SEQUENCE_OFFSET),
+            flags: get_u32(b, MAN_FLAGS_OFFSET),
+            dim_count: get_u32(b, MAN_DIM_OFFSET),
+            row_stride_bytes: get_u32(b, MAN_STRIDE_OFFSET),
+            rows_per_segment: get_u32(b, MAN_ROWS_PER_SEGMENT_OFFSET),
+            eps: get_f32(b, MAN_EPS_OFFSET),
+            max_depth: b[MAN_MAX_DEPTH_OFFSET],
+            consolidate_after: get_u32(b, MAN_CONSOLIDATE_AFTER_OFFSET),
+            checkpoint_lsn: get_u64(b, MAN_CHECKPOINT_LSN_OFFSET),
+            node_count: get_u64(b, MAN_NODE_COUNT_OFFSET),
+            payload_end_bytes: get_u64(b, MAN_PAYLOAD_END_OFFSET),
+            wal_salt: get_u64(b, MAN_WAL_SALT_OFFSET),
+            created_unix_ms: get_u64(b, MAN_CREATED_OFFSET),
+            trees: decode_trees(b)?,
+        };
+        m.validate()?;
+        Ok(m)
+    }
+
+    /// Structural checks shared by decode and by `init` (a CRC-valid block
+    /// can still hold values this build cannot work with).
+    pub fn validate(&self) -> Result<(), FormatError> {
+        let bad = |offset: usize, detail: String| {
+            Err(FormatError::Invalid {
+                what: WHAT,
+                offset_bytes: offset as u64,
+                detail,
+            })
+        };
+        if self.dim_count == 0 || self.dim_count > MAX_DIM_COUNT {
+            return bad(
+                MAN_DIM_OFFSET,
+                format!("dimension {} outside 1..={MAX_DIM_COUNT}", self.dim_count),
+            );
+        }
+        if self.row_stride_bytes != vector_stride_bytes(self.dim_count) {
+            return bad(
+                MAN_STRIDE_OFFSET,
+                format!(
+                    "row stride {} does not match dimension",
+                    self.row_stride_bytes
+                ),
+            );
+        }
+        if self.rows_per_segment == 0 || self.rows_per_segment > 1 << 20 {
+            return bad(
+                MAN_ROWS_PER_SEGMENT_OFFSET,
+                format!("rows per segment {}", self.rows_per_segment),
+            );
+        }
+        if !(self.eps.is_finite() && self.eps >= 0.0) {
+            return bad(MAN_EPS_OFFSET, format!("eps {}", self.eps));
+        }
+        if self.max_depth == 0 {
+            return bad(MAN_MAX_DEPTH_OFFSET, "max depth 0".into());
+        }
+        if self.consolidate_after == 0 {
+            return bad(MAN_CONSOLIDATE_AFTER_OFFSET, "consolidate-after 0".into());
+        }
+        if self.node_count >= u64::from(NODE_NONE) {
+            return bad(
+                MAN_NODE_COUNT_OFFSET,
+                format!("node count {}", self.node_count),
+            );
+        }
+        if self.trees.is_empty() {
+            return bad(MAN_TREE_COUNT_OFFSET, "no trees".into());
+        }
+        for (i, tree) in self.trees.iter().enumerate() {
+            let at = MAN_TREES_OFFSET + i * TREE_ENTRY_SIZE_BYTES;
+            if !(tree.tau.is_finite() && (-1.0..=1.0).contains(&tree.tau)) {
+                return bad(
+                    at + TREE_TAU_OFFSET,
+                    format!("tree {:?} tau {}", tree.name, tree.tau),
+                );
+            }
+            if self.trees[..i].iter().any(|t| t.name == tree.name) {
+                return bad(at, format!("duplicate tree name {:?}", tree.name));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn decode_trees(b: &[u8]) -> Result<Vec<TreeSpec>, FormatError> {
+    let count = usize::from(b[MAN_TREE_COUNT_OFFSET]);
+    if count > MAX_TREES {
+        return Err(FormatError::Invalid {
+            what: WHAT,
+            offset_bytes: MAN_TREE_COUNT_OFFSET as u64,
+            detail: format!("tree count {count} > {MAX_TREES}"),
+        });
+    }
+    let mut trees = Vec::with_capacity(count);
+    for i in 0..count {
+        let at = MAN_TREES_OFFSET + i * TREE_ENTRY_SIZE_BYTES;
+        let raw = &b[at..at + TREE_NAME_MAX_BYTES];
+        let len = raw
+            .iter()
+            .position(|&c| c == 0)
+            .unwrap_or(TREE_NAME_MAX_BYTES);
+        let name = std::str::from_utf8(&raw[..len]).map_err(|_| FormatError::Invalid {
+            what: WHAT,
+            offset_bytes: at as u64,
+            detail: "tree name is not UTF-8".into(),
+        })?;
+        if name.is_empty() {
+            return Err(FormatError::Invalid {
+                what: WHAT,
+                offset_bytes: at as u64,
+                detail: "empty tree name".into(),
+            });
+        }
+        trees.push(TreeSpec {
+            name: name.to_string(),
+            tau: get_f32(b, at + TREE_TAU_OFFSET),
+        });
+    }
+    Ok(trees)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn sample() -> Manifest {
+        Manifest {
+            sequence: 7,
+            flags: 0,
+            dim_count: 768,
+            row_stride_bytes: vector_stride_bytes(768),
+            rows_per_segment: 16_384,
+            eps: 0.05,
+            max_depth: 5,
+            consolidate_after: 3,
+            checkpoint_lsn: 41,
+            node_count: 40,
+            payload_end_bytes: 9000,
+            wal_salt: 0xDEAD_BEEF_0123_4567,
+            created_unix_ms: 1_700_000_000_000,
+            trees: vec![
+                TreeSpec {
+                    name: "task".into(),
+                    tau: 0.82,
+                },
+                TreeSpec {
+                    name: "env".into(),
+                    tau: 0.85,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn roundtrip() {
+        let m = sample();
+        assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_detected() {
+        let good = sample().encode();
+        for byte in 0..MANIFEST_SIZE_BYTES {
+            for bit in 0..8 {
+                let mut b = good;
+                b[byte] ^= 1 << bit;
+                assert!(
+                    Manifest::decode(&b).is_err(),
+                    "flip at byte {byte} bit {bit} accepted"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_version_is_refused_by_name() {
+        let mut b = sample().encode();
+        put_u32(&mut b, MAN_VERSION_OFFSET, 2);
+        let err = Manifest::decode(&b).unwrap_err();
+        assert!(
+            matches!(err, FormatError::UnsupportedVersion { found: 2, .. }),
+            "{err}"
+        );
+    }
+}

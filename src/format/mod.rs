@@ -1,0 +1,196 @@
+//! Pure encode/decode of every on-disk structure. No I/O happens here.
+//!
+//! Every offset below mirrors a row of `format-spec/FORMAT.md`; the test
+//! `tests/format_spec.rs` parses the tables in that document and compares
+//! them with these constants, so the two cannot drift apart silently.
+
+pub mod manifest;
+pub mod payload;
+pub mod row;
+pub mod wal;
+
+use thiserror::Error;
+
+/// A decoding failure. `offset_bytes` is relative to the start of the
+/// structure being decoded; the storage layer adds the file name and the
+/// absolute offset when it reports the error.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum FormatError {
+    #[error("{what}: bad magic at offset {offset_bytes} (not a deltamem file?)")]
+    BadMagic {
+        what: &'static str,
+        offset_bytes: u64,
+    },
+    #[error("{what}: unsupported format version {found} (this build reads version {supported})")]
+    UnsupportedVersion {
+        what: &'static str,
+        found: u32,
+        supported: u32,
+    },
+    #[error(
+        "{what}: checksum mismatch at offset {offset_bytes} (stored {stored:#010x}, computed {computed:#010x})"
+    )]
+    Checksum {
+        what: &'static str,
+        offset_bytes: u64,
+        stored: u32,
+        computed: u32,
+    },
+    #[error("{what}: invalid field at offset {offset_bytes}: {detail}")]
+    Invalid {
+        what: &'static str,
+        offset_bytes: u64,
+        detail: String,
+    },
+    #[error("{what}: truncated: need {need_bytes} bytes, have {have_bytes}")]
+    Truncated {
+        what: &'static str,
+        need_bytes: u64,
+        have_bytes: u64,
+    },
+}
+
+impl FormatError {
+    /// Offset within the structure, if the error names one.
+    pub fn offset_bytes(&self) -> u64 {
+        match self {
+            FormatError::BadMagic { offset_bytes, .. }
+            | FormatError::Checksum { offset_bytes, .. }
+            | FormatError::Invalid { offset_bytes, .. } => *offset_bytes,
+            FormatError::UnsupportedVersion { .. } => 0,
+            FormatError::Truncated { have_bytes, .. } => *have_bytes,
+        }
+    }
+}
+
+/// The single format version this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Sentinel for "no node" in u32 node-index fields (parent of a root, link).
+pub const NODE_NONE: u32 = u32::MAX;
+
+/// Largest embedding dimension accepted at `init`.
+pub const MAX_DIM_COUNT: u32 = 16_384;
+
+/// Largest uncompressed payload (scenario + all fields) accepted on insert.
+pub const MAX_PAYLOAD_BYTES: usize = 4 * 1024 * 1024;
+
+/// Vector rows are padded to this alignment so SIMD loads never straddle a
+/// cache line and every row starts on a 64-byte boundary of the mapping.
+pub const VECTOR_ALIGN_BYTES: u32 = 64;
+
+/// Bytes of one vector row for `dim_count` f32 components, padded to 64.
+pub fn vector_stride_bytes(dim_count: u32) -> u32 {
+    let raw = dim_count * 4;
+    raw.div_ceil(VECTOR_ALIGN_BYTES) * VECTOR_ALIGN_BYTES
+}
+
+/// Default rows per segment: the largest power of two whose vector segment
+/// stays within 64 MiB, clamped to [1024, 65536]. Fixed-size segments let
+/// the bank grow without ever remapping a live mapping.
+pub fn default_rows_per_segment(dim_count: u32) -> u32 {
+    let stride = u64::from(vector_stride_bytes(dim_count));
+    let budget_bytes: u64 = 64 * 1024 * 1024;
+    let mut rows: u64 = 65_536;
+    while rows > 1024 && rows * stride > budget_bytes {
+        rows /= 2;
+    }
+    rows as u32
+}
+
+/// CRC-32 (IEEE, as computed by crc32fast) of `bytes`.
+pub fn crc32(bytes: &[u8]) -> u32 {
+    crc32fast::hash(bytes)
+}
+
+/// CRC of the vector bytes as stored (little-endian f32 components).
+pub fn vector_crc32(vector: &[f32]) -> u32 {
+    crc32(bytemuck::cast_slice(vector))
+}
+
+pub(crate) fn get_u16(buf: &[u8], offset: usize) -> u16 {
+    u16::from_le_bytes([buf[offset], buf[offset + 1]])
+}
+
+pub(crate) fn get_u32(buf: &[u8], offset: usize) -> u32 {
+    u32::from_le_bytes(buf[offset..offset + 4].try_into().expect("4-byte slice"))
+}
+
+pub(crate) fn get_u64(buf: &[u8], offset: usize) -> u64 {
+    u64::from_le_bytes(buf[offset..offset + 8].try_into().expect("8-byte slice"))
+}
+
+pub(crate) fn get_f32(buf: &[u8], offset: usize) -> f32 {
+    f32::from_bits(get_u32(buf, offset))
+}
+
+pub(crate) fn put_u16(buf: &mut [u8], offset: usize, value: u16) {
+    buf[offset..offset + 2].copy_from_slice(&value.to_le_bytes());
+}
+
+pub(crate) fn put_u32(buf: &mut [u8], offset: usize, value: u32) {
+    buf[offset..offset + 4].copy_from_slice(&value.to_le_bytes());
+}
+
+pub(crate) fn put_u64(buf: &mut [u8], offset: usize, value: u64) {
+    buf[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
+}
+
+pub(crate) fn put_f32(buf: &mut [u8], offset: usize, value: f32) {
+    put_u32(buf, offset, value.to_bits());
+}
+
+/// Checks that `buf` holds at least `need` bytes.
+pub(crate) fn need(what: &'static str, buf: &[u8], need_bytes: usize) -> Result<(), FormatError> {
+    if buf.len() < need_bytes {
+        return Err(FormatError::Truncated {
+            what,
+            need_bytes: need_bytes as u64,
+            have_bytes: buf.len() as u64,
+        });
+    }
+    Ok(())
+}
+
+/// Verifies a trailing or embedded CRC field.
+pub(crate) fn check_crc(
+    what: &'static str,
+    offset_bytes: u64,
+    stored: u32,
+    computed: u32,
+) -> Result<(), FormatError> {
+    if stored != computed {
+        return Err(FormatError::Checksum {
+            what,
+            offset_bytes,
+            stored,
+            computed,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stride_is_padded_to_64() {
+        assert_eq!(vector_stride_bytes(1), 64);
+        assert_eq!(vector_stride_bytes(16), 64);
+        assert_eq!(vector_stride_bytes(17), 128);
+        assert_eq!(vector_stride_bytes(768), 3072);
+        assert_eq!(vector_stride_bytes(384), 1536);
+    }
+
+    #[test]
+    fn default_segment_fits_budget() {
+        for dim in [1, 8, 384, 768, 1024, 4096, 16_384] {
+            let rows = default_rows_per_segment(dim);
+            assert!(rows.is_power_of_two());
+            assert!((1024..=65_536).contains(&rows));
+            let seg = u64::from(rows) * u64::from(vector_stride_bytes(dim));
+            assert!(seg <= 64 * 1024 * 1024 || rows == 1024, "dim {dim}");
+        }
+    }
+}

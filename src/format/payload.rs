@@ -1,0 +1,167 @@
+//! Payload records in the append-only payload log.
+//!
+//! A record is a 16-byte header followed by a zstd frame whose content is
+//! the postcard (v1 wire format) encoding of [`Payload`].
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::*;
+
+pub const PAYLOAD_MAGIC: [u8; 4] = *b"DMPL";
+pub const PAYLOAD_HEADER_SIZE_BYTES: usize = 16;
+pub const PAY_MAGIC_OFFSET: usize = 0;
+pub const PAY_BODY_SIZE_OFFSET: usize = 4;
+pub const PAY_NODE_INDEX_OFFSET: usize = 8;
+pub const PAY_CRC_OFFSET: usize = 12;
+
+/// zstd level: 3 is zstd's default, a good ratio at a few hundred MB/s.
+pub const ZSTD_LEVEL: i32 = 3;
+
+const WHAT: &str = "payload record";
+
+/// What a node carries besides its vector: the scenario text its embedding
+/// was computed from, and free-form string fields (activation condition,
+/// procedure, trajectory, provenance, ...). A BTreeMap keeps the encoding
+/// deterministic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Payload {
+    pub scenario: String,
+    pub fields: BTreeMap<String, String>,
+}
+
+impl Payload {
+    /// Uncompressed size in bytes, as limited by `MAX_PAYLOAD_BYTES`.
+    pub fn size_bytes(&self) -> usize {
+        self.scenario.len()
+            + self
+                .fields
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>()
+    }
+}
+
+/// Encodes a full record (header + compressed body) for node `node_index`.
+pub fn encode_record(node_index: u32, payload: &Payload) -> Vec<u8> {
+    let plain = postcard::to_stdvec(payload).expect("postcard encoding of strings cannot fail");
+    let body =
+        zstd::bulk::compress(&plain, ZSTD_LEVEL).expect("zstd compression of an in-memory buffer");
+    let mut out = vec![0u8; PAYLOAD_HEADER_SIZE_BYTES + body.len()];
+    out[..4].copy_from_slice(&PAYLOAD_MAGIC);
+    put_u32(&mut out, PAY_BODY_SIZE_OFFSET, body.len() as u32);
+    put_u32(&mut out, PAY_NODE_INDEX_OFFSET, node_index);
+    out[PAYLOAD_HEADER_SIZE_BYTES..].copy_from_slice(&body);
+    let crc = record_crc(&out);
+    put_u32(&mut out, PAY_CRC_OFFSET, crc);
+    out
+}
+
+fn record_crc(record: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&record[..PAY_CRC_OFFSET]);
+    h.update(&record[PAYLOAD_HEADER_SIZE_BYTES..]);
+    h.finalize()
+}
+
+/// Checks a record's framing and CRC without decompressing it.
+pub fn check_record(record: &[u8], node_index: u32) -> Result<(), FormatError> {
+    need(WHAT, record, PAYLOAD_HEADER_SIZE_BYTES)?;
+    if record[..4] != PAYLOAD_MAGIC {
+        return Err(FormatError::BadMagic {
+            what: WHAT,
+            offset_bytes: 0,
+        });
+    }
+    let body_size = get_u32(record, PAY_BODY_SIZE_OFFSET) as usize;
+    if record.len() != PAYLOAD_HEADER_SIZE_BYTES + body_size {
+        return Err(FormatError::Invalid {
+            what: WHAT,
+            offset_bytes: PAY_BODY_SIZE_OFFSET as u64,
+            detail: format!(
+                "body size {body_size} does not match record size {}",
+                record.len()
+            ),
+        });
+    }
+    check_crc(
+        WHAT,
+        PAY_CRC_OFFSET as u64,
+        get_u32(record, PAY_CRC_OFFSET),
+        record_crc(record),
+    )?;
+    let stored_index = get_u32(record, PAY_NODE_INDEX_OFFSET);
+    if stored_index != node_index {
+        return Err(FormatError::Invalid {
+            what: WHAT,
+            offset_bytes: PAY_NODE_INDEX_OFFSET as u64,
+            detail: format!("record belongs to node {stored_index}, expected {node_index}"),
+        });
+    }
+    Ok(())
+}
+
+/// Checks and decodes a record. Decompression is bounded so a forged
+/// header cannot make us allocate more than the payload limit.
+pub fn decode_record(record: &[u8], node_index: u32) -> Result<Payload, FormatError> {
+    check_record(record, node_index)?;
+    let body = &record[PAYLOAD_HEADER_SIZE_BYTES..];
+    // postcard adds at most a few varint bytes per string on top of the text.
+    let limit_bytes = MAX_PAYLOAD_BYTES + 64 * 1024;
+    let plain = zstd::bulk::decompress(body, limit_bytes).map_err(|e| FormatError::Invalid {
+        what: WHAT,
+        offset_bytes: PAYLOAD_HEADER_SIZE_BYTES as u64,
+        detail: format!("zstd: {e}"),
+    })?;
+    postcard::from_bytes(&plain).map_err(|e| FormatError::Invalid {
+        what: WHAT,
+        offset_bytes: PAYLOAD_HEADER_SIZE_BYTES as u64,
+        detail: format!("postcard: {e}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Payload {
+        let mut fields = BTreeMap::new();
+        fields.insert(
+            "activation_condition".into(),
+            "when the stove is off".into(),
+        );
+        fields.insert(
+            "execution_procedure".into(),
+            "1. go to kitchen\n2. activate stove".repeat(20),
+        );
+        Payload {
+            scenario: "boil water".into(),
+            fields,
+        }
+    }
+
+    #[test]
+    fn roundtrip_and_compresses() {
+        let p = sample();
+        let rec = encode_record(5, &p);
+        assert!(
+            rec.len() < p.size_bytes(),
+            "{} vs {}",
+            rec.len(),
+            p.size_bytes()
+        );
+        assert_eq!(decode_record(&rec, 5).unwrap(), p);
+    }
+
+    #[test]
+    fn wrong_node_and_bit_flips_are_detected() {
+        let rec = encode_record(5, &sample());
+        assert!(decode_record(&rec, 6).is_err());
+        for byte in 0..rec.len() {
+            let mut b = rec.clone();
+            b[byte] ^= 0x10;
+            assert!(decode_record(&b, 5).is_err(), "flip at {byte}");
+        }
+    }
+}

@@ -1,0 +1,336 @@
+//! Node-table rows: one fixed 128-byte little-endian record per node.
+//! The fields the scan filters on (tree, type, label, depth, flags) sit in
+//! the first 16 bytes so the scan touches one cache line per row.
+
+use super::*;
+
+pub const ROW_SIZE_BYTES: usize = 128;
+
+pub const ROW_INDEX_OFFSET: usize = 0;
+pub const ROW_PARENT_OFFSET: usize = 4;
+pub const ROW_TREE_OFFSET: usize = 8;
+pub const ROW_TYPE_OFFSET: usize = 10;
+pub const ROW_LABEL_OFFSET: usize = 11;
+pub const ROW_DEPTH_OFFSET: usize = 12;
+pub const ROW_FLAGS_OFFSET: usize = 13;
+pub const ROW_SUCCESS_HITS_OFFSET: usize = 16;
+pub const ROW_RETRIEVALS_OFFSET: usize = 20;
+pub const ROW_LINK_OFFSET: usize = 24;
+pub const ROW_VECTOR_CRC_OFFSET: usize = 28;
+pub const ROW_PAYLOAD_OFFSET_OFFSET: usize = 32;
+pub const ROW_PAYLOAD_SIZE_OFFSET: usize = 40;
+pub const ROW_CREATED_OFFSET: usize = 48;
+pub const ROW_EXTERNAL_ID_OFFSET: usize = 56;
+pub const ROW_CRC_OFFSET: usize = 124;
+
+pub const EXTERNAL_ID_MAX_BYTES: usize = 16;
+
+/// Row flag: this node's chain was distilled into a new root.
+pub const FLAG_CONSOLIDATED: u8 = 1 << 0;
+/// Row flag: this root was produced by consolidation.
+pub const FLAG_CONSOLIDATED_ROOT: u8 = 1 << 1;
+/// Row flag: `external_id` holds a value.
+pub const FLAG_HAS_EXTERNAL_ID: u8 = 1 << 2;
+/// Row flag: `external_id` holds the 16 bytes of a UUID (else UTF-8 text).
+pub const FLAG_EXTERNAL_ID_UUID: u8 = 1 << 3;
+const KNOWN_FLAGS: u8 = 0x0F;
+
+const WHAT: &str = "node row";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NodeType {
+    Root = 0,
+    Residual = 1,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Label {
+    Success = 0,
+    Failure = 1,
+}
+
+impl NodeType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeType::Root => "ROOT",
+            NodeType::Residual => "RESIDUAL",
+        }
+    }
+}
+
+impl Label {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Label::Success => "SUCCESS",
+            Label::Failure => "FAILURE",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Label> {
+        match text {
+            "SUCCESS" => Some(Label::Success),
+            "FAILURE" => Some(Label::Failure),
+            _ => None,
+        }
+    }
+}
+
+/// A decoded node-table row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    pub index: u32,
+    /// `NODE_NONE` for a top-level root (its parent is the virtual root).
+    pub parent: u32,
+    pub tree: u16,
+    pub node_type: NodeType,
+    pub label: Label,
+    /// 1 for a top-level root; parent depth + 1 otherwise.
+    pub depth: u8,
+    pub flags: u8,
+    pub success_hits: u32,
+    pub retrievals: u32,
+    /// For a consolidated node: the root distilled from it. For a
+    /// consolidated root: its source node. Otherwise `NODE_NONE`.
+    pub link: u32,
+    pub vector_crc32: u32,
+    pub payload_offset_bytes: u64,
+    pub payload_size_bytes: u32,
+    pub created_unix_ms: u64,
+    pub external_id: [u8; EXTERNAL_ID_MAX_BYTES],
+}
+
+impl Row {
+    pub fn is_consolidated(&self) -> bool {
+        self.flags & FLAG_CONSOLIDATED != 0
+    }
+
+    pub fn is_consolidated_root(&self) -> bool {
+        self.flags & FLAG_CONSOLIDATED_ROOT != 0
+    }
+
+    pub fn parent(&self) -> Option<u32> {
+        (self.parent != NODE_NONE).then_some(self.parent)
+    }
+
+    pub fn link(&self) -> Option<u32> {
+        (self.link != NODE_NONE).then_some(self.link)
+    }
+
+    pub fn encode(&self) -> [u8; ROW_SIZE_BYTES] {
+        let mut b = [0u8; ROW_SIZE_BYTES];
+        put_u32(&mut b, ROW_INDEX_OFFSET, self.index);
+        put_u32(&mut b, ROW_PARENT_OFFSET, self.parent);
+        put_u16(&mut b, ROW_TREE_OFFSET, self.tree);
+        b[ROW_TYPE_OFFSET] = self.node_type as u8;
+        b[ROW_LABEL_OFFSET] = self.label as u8;
+        b[ROW_DEPTH_OFFSET] = self.depth;
+        b[ROW_FLAGS_OFFSET] = self.flags;
+        put_u32(&mut b, ROW_SUCCESS_HITS_OFFSET, self.success_hits);
+        put_u32(&mut b, ROW_RETRIEVALS_OFFSET, self.retrievals);
+        put_u32(&mut b, ROW_LINK_OFFSET, self.link);
+        put_u32(&mut b, ROW_VECTOR_CRC_OFFSET, self.vector_crc32);
+        put_u64(&mut b, ROW_PAYLOAD_OFFSET_OFFSET, self.payload_offset_bytes);
+        put_u32(&mut b, ROW_PAYLOAD_SIZE_OFFSET, self.payload_size_bytes);
+        put_u64(&mut b, ROW_CREATED_OFFSET, self.created_unix_ms);
+        b[ROW_EXTERNAL_ID_OFFSET..ROW_EXTERNAL_ID_OFFSET + EXTERNAL_ID_MAX_BYTES]
+            .copy_from_slice(&self.external_id);
+        let crc = crc32(&b[..ROW_CRC_OFFSET]);
+        put_u32(&mut b, ROW_CRC_OFFSET, crc);
+        b
+    }
+
+    /// Decodes and checks one row. `expected_index` is the row's position in
+    /// the table: a row stored at the wrong place is corruption too.
+    pub fn decode(b: &[u8], expected_index: u32) -> Result<Row, FormatError> {
+        need(WHAT, b, ROW_SIZE_BYTES)?;
+        check_crc(
+            WHAT,
+            ROW_CRC_OFFSET as u64,
+            get_u32(b, ROW_CRC_OFFSET),
+            crc32(&b[..ROW_CRC_OFFSET]),
+        )?;
+        let invalid = |offset: usize, detail: String| FormatError::Invalid {
+            what: WHAT,
+            offset_bytes: offset as u64,
+            detail,
+        };
+        let index = get_u32(b, ROW_INDEX_OFFSET);
+        if index != expected_index {
+            return Err(invalid(
+                ROW_INDEX_OFFSET,
+                format!("row {expected_index} claims index {index}"),
+            ));
+        }
+        let node_type = match b[ROW_TYPE_OFFSET] {
+            0 => NodeType::Root,
+            1 => NodeType::Residual,
+            other => return Err(invalid(ROW_TYPE_OFFSET, format!("node type {other}"))),
+        };
+        let label = match b[ROW_LABEL_OFFSET] {
+            0 => Label::Success,
+            1 => Label::Failure,
+            other => return Err(invalid(ROW_LABEL_OFFSET, format!("label {other}"))),
+        };
+        let flags = b[ROW_FLAGS_OFFSET];
+        if flags & !KNOWN_FLAGS != 0 {
+            return Err(invalid(
+                ROW_FLAGS_OFFSET,
+                format!("unknown flags {flags:#04x}"),
+            ));
+        }
+        let mut external_id = [0u8; EXTERNAL_ID_MAX_BYTES];
+        external_id.copy_from_slice(
+            &b[ROW_EXTERNAL_ID_OFFSET..ROW_EXTERNAL_ID_OFFSET + EXTERNAL_ID_MAX_BYTES],
+        );
+        Ok(Row {
+            index,
+            parent: get_u32(b, ROW_PARENT_OFFSET),
+            tree: get_u16(b, ROW_TREE_OFFSET),
+            node_type,
+            label,
+            depth: b[ROW_DEPTH_OFFSET],
+            flags,
+            success_hits: get_u32(b, ROW_SUCCESS_HITS_OFFSET),
+            retrievals: get_u32(b, ROW_RETRIEVALS_OFFSET),
+            link: get_u32(b, ROW_LINK_OFFSET),
+            vector_crc32: get_u32(b, ROW_VECTOR_CRC_OFFSET),
+            payload_offset_bytes: get_u64(b, ROW_PAYLOAD_OFFSET_OFFSET),
+            payload_size_bytes: get_u32(b, ROW_PAYLOAD_SIZE_OFFSET),
+            created_unix_ms: get_u64(b, ROW_CREATED_OFFSET),
+            external_id,
+        })
+    }
+
+    /// The external id as text: a hyphenated UUID, or the stored UTF-8.
+    pub fn external_id_text(&self) -> Option<String> {
+        if self.flags & FLAG_HAS_EXTERNAL_ID == 0 {
+            return None;
+        }
+        if self.flags & FLAG_EXTERNAL_ID_UUID != 0 {
+            return Some(format_uuid(&self.external_id));
+        }
+        let len = self
+            .external_id
+            .iter()
+            .position(|&c| c == 0)
+            .unwrap_or(EXTERNAL_ID_MAX_BYTES);
+        Some(String::from_utf8_lossy(&self.external_id[..len]).into_owned())
+    }
+}
+
+/// Encodes an external id: a UUID in canonical hyphenated form is stored as
+/// its 16 bytes; any other non-empty text of at most 16 bytes is stored raw.
+/// Returns the bytes and the flags to set, or None if it does not fit.
+pub fn encode_external_id(text: &str) -> Option<([u8; EXTERNAL_ID_MAX_BYTES], u8)> {
+    if let Some(bytes) = parse_uuid(text) {
+        return Some((bytes, FLAG_HAS_EXTERNAL_ID | FLAG_EXTERNAL_ID_UUID));
+    }
+    let raw = text.as_bytes();
+    if raw.is_empty() || raw.len() > EXTERNAL_ID_MAX_BYTES || raw.contains(&0) {
+        return None;
+    }
+    let mut out = [0u8; EXTERNAL_ID_MAX_BYTES];
+    out[..raw.len()].copy_from_slice(raw);
+    Some((out, FLAG_HAS_EXTERNAL_ID))
+}
+
+fn parse_uuid(text: &str) -> Option<[u8; 16]> {
+    let t = text.as_bytes();
+    if t.len() != 36 || t[8] != b'-' || t[13] != b'-' || t[18] != b'-' || t[23] != b'-' {
+        return None;
+    }
+    let hex: Vec<u8> = t.iter().copied().filter(|&c| c != b'-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let s = std::str::from_utf8(pair).ok()?;
+        // Only lowercase hex round-trips to the same text, so accept only it.
+        if s.chars().any(|c| c.is_ascii_uppercase()) {
+            return None;
+        }
+        out[i] = u8::from_str_radix(s, 16).ok()?;
+    }
+    Some(out)
+}
+
+fn format_uuid(b: &[u8; 16]) -> String {
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Row {
+        let (external_id, idflags) =
+            encode_external_id("15322d79-189f-4d8b-a672-ea78630c3370").unwrap();
+        Row {
+            index: 9,
+            parent: 4,
+            tree: 1,
+            node_type: NodeType::Residual,
+            label: Label::Failure,
+            depth: 3,
+            flags: FLAG_CONSOLIDATED | idflags,
+            success_hits: 2,
+            retrievals: 11,
+            link: 12,
+            vector_crc32: 0xABCD,
+            payload_offset_bytes: 1 << 33,
+            payload_size_bytes: 777,
+            created_unix_ms: 1_773_056_512_000,
+            external_id,
+        }
+    }
+
+    #[test]
+    fn roundtrip_and_uuid_text() {
+        let r = sample();
+        let d = Row::decode(&r.encode(), 9).unwrap();
+        assert_eq!(d, r);
+        assert_eq!(
+            d.external_id_text().unwrap(),
+            "15322d79-189f-4d8b-a672-ea78630c3370"
+        );
+    }
+
+    #[test]
+    fn misplaced_row_is_rejected() {
+        assert!(Row::decode(&sample().encode(), 10).is_err());
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_detected() {
+        let good = sample().encode();
+        for byte in 0..ROW_SIZE_BYTES {
+            for bit in 0..8 {
+                let mut b = good;
+                b[byte] ^= 1 << bit;
+                assert!(Row::decode(&b, 9).is_err(), "flip at byte {byte} bit {bit}");
+            }
+        }
+    }
+
+    #[test]
+    fn short_text_ids_and_limits() {
+        let (bytes, flags) = encode_external_id("node-7").unwrap();
+        let mut r = sample();
+        r.external_id = bytes;
+        r.flags = flags;
+        assert_eq!(r.external_id_text().unwrap(), "node-7");
+        assert!(encode_external_id("").is_none());
+        assert!(encode_external_id("seventeen-bytes-x").is_none());
+        // Uppercase UUIDs are not canonical: stored as text would not fit.
+        assert!(encode_external_id("15322D79-189F-4D8B-A672-EA78630C3370").is_none());
+    }
+}

@@ -1,0 +1,19 @@
+//! deltamem: a crash-safe embedded storage engine for the experience memory
+//! of LLM agents, organised as residual trees (see `ARCHITECTURE.md`).
+//!
+//! Layers, each depending only on those above it in this list:
+//! [`format`] (pure byte layouts), [`storage`] (files, mmap, WAL, lock),
+//! [`tree`] (the residual-tree rules, pure), [`bank`] (the API).
+
+pub mod bank;
+pub mod format;
+pub mod storage;
+pub mod tree;
+
+pub use bank::{
+    Attach, Bank, BankConfig, BankError, Match, NewNode, NodeInfo, NodeRef, OpenOptions,
+    QueryOptions, SyncPolicy,
+};
+pub use format::manifest::TreeSpec;
+pub use format::payload::Payload;
+pub use format::row::{Label, NodeType};

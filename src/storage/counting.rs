@@ -1,0 +1,109 @@
+//! A wrapper that counts the bytes read and the files mapped per file name,
+//! so tests can prove what an operation (such as open) touches.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::sync::{Arc, Mutex};
+
+use super::{Mapping, OpenMode, Storage, StorageError, StorageFile};
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct IoCounts {
+    /// Bytes returned by `read_exact_at`, per file name.
+    pub read_bytes: BTreeMap<String, u64>,
+    /// Number of `map` calls, per file name.
+    pub maps: BTreeMap<String, u64>,
+}
+
+pub struct CountingStorage<S> {
+    inner: S,
+    counts: Arc<Mutex<IoCounts>>,
+}
+
+impl<S: Storage> CountingStorage<S> {
+    pub fn new(inner: S) -> CountingStorage<S> {
+        CountingStorage {
+            inner,
+            counts: Arc::default(),
+        }
+    }
+
+    pub fn counts(&self) -> IoCounts {
+        self.counts.lock().unwrap().clone()
+    }
+
+    pub fn reset(&self) {
+        *self.counts.lock().unwrap() = IoCounts::default();
+    }
+}
+
+struct CountingFile {
+    name: String,
+    inner: Arc<dyn StorageFile>,
+    counts: Arc<Mutex<IoCounts>>,
+}
+
+impl StorageFile for CountingFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset_bytes: u64) -> io::Result<()> {
+        self.inner.read_exact_at(buf, offset_bytes)?;
+        *self
+            .counts
+            .lock()
+            .unwrap()
+            .read_bytes
+            .entry(self.name.clone())
+            .or_default() += buf.len() as u64;
+        Ok(())
+    }
+    fn write_all_at(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
+        self.inner.write_all_at(buf, offset_bytes)
+    }
+    fn len_bytes(&self) -> io::Result<u64> {
+        self.inner.len_bytes()
+    }
+    fn set_len(&self, len_bytes: u64) -> io::Result<()> {
+        self.inner.set_len(len_bytes)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.inner.sync_data()
+    }
+    fn map(&self) -> io::Result<Mapping> {
+        *self
+            .counts
+            .lock()
+            .unwrap()
+            .maps
+            .entry(self.name.clone())
+            .or_default() += 1;
+        self.inner.map()
+    }
+}
+
+impl<S: Storage> Storage for CountingStorage<S> {
+    fn open(&self, name: &str, mode: OpenMode) -> io::Result<Arc<dyn StorageFile>> {
+        let inner = self.inner.open(name, mode)?;
+        Ok(Arc::new(CountingFile {
+            name: name.to_string(),
+            inner,
+            counts: self.counts.clone(),
+        }))
+    }
+    fn exists(&self, name: &str) -> io::Result<bool> {
+        self.inner.exists(name)
+    }
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        self.inner.rename(from, to)
+    }
+    fn remove(&self, name: &str) -> io::Result<()> {
+        self.inner.remove(name)
+    }
+    fn sync_dir(&self) -> io::Result<()> {
+        self.inner.sync_dir()
+    }
+    fn try_lock_writer(&self) -> Result<Box<dyn Send + Sync>, StorageError> {
+        self.inner.try_lock_writer()
+    }
+    fn describe(&self, name: &str) -> String {
+        self.inner.describe(name)
+    }
+}

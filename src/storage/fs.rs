@@ -1,0 +1,135 @@
+//! Real files in a directory.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::{LOCK_FILE, MappedBytes, Mapping, OpenMode, Storage, StorageError, StorageFile};
+
+pub struct FileStorage {
+    dir: PathBuf,
+}
+
+impl FileStorage {
+    pub fn new(dir: impl AsRef<Path>) -> FileStorage {
+        FileStorage {
+            dir: dir.as_ref().to_path_buf(),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+struct RealFile {
+    file: File,
+}
+
+struct RealMap(memmap2::Mmap);
+
+impl MappedBytes for RealMap {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+struct EmptyMap;
+
+impl MappedBytes for EmptyMap {
+    fn bytes(&self) -> &[u8] {
+        &[]
+    }
+}
+
+impl StorageFile for RealFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset_bytes: u64) -> io::Result<()> {
+        self.file.read_exact_at(buf, offset_bytes)
+    }
+
+    fn write_all_at(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
+        self.file.write_all_at(buf, offset_bytes)
+    }
+
+    fn len_bytes(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+
+    fn set_len(&self, len_bytes: u64) -> io::Result<()> {
+        self.file.set_len(len_bytes)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn map(&self) -> io::Result<Mapping> {
+        if self.len_bytes()? == 0 {
+            return Ok(Mapping::new(Arc::new(EmptyMap)));
+        }
+        // SAFETY: the engine maps only segment files, which are created at
+        // their final size and never truncated while the bank exists; other
+        // processes write them only at checkpoints, and only rows beyond
+        // this process's view or rows rewritten with the same contents'
+        // newer image. Every row read through a mapping is CRC-checked
+        // before its contents are trusted, so a concurrent rewrite shows up
+        // as a checksum error, never as undefined values being acted on.
+        let map = unsafe { memmap2::Mmap::map(&self.file)? };
+        Ok(Mapping::new(Arc::new(RealMap(map))))
+    }
+}
+
+impl Storage for FileStorage {
+    fn open(&self, name: &str, mode: OpenMode) -> io::Result<Arc<dyn StorageFile>> {
+        let mut opts = OpenOptions::new();
+        match mode {
+            OpenMode::Read => opts.read(true),
+            OpenMode::ReadWrite => opts.read(true).write(true),
+            OpenMode::Create => opts.read(true).write(true).create(true),
+        };
+        let file = opts.open(self.dir.join(name))?;
+        Ok(Arc::new(RealFile { file }))
+    }
+
+    fn exists(&self, name: &str) -> io::Result<bool> {
+        self.dir.join(name).try_exists()
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        std::fs::rename(self.dir.join(from), self.dir.join(to))
+    }
+
+    fn remove(&self, name: &str) -> io::Result<()> {
+        std::fs::remove_file(self.dir.join(name))
+    }
+
+    fn sync_dir(&self) -> io::Result<()> {
+        File::open(&self.dir)?.sync_all()
+    }
+
+    fn try_lock_writer(&self) -> Result<Box<dyn Send + Sync>, StorageError> {
+        let desc = self.describe(LOCK_FILE);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(self.dir.join(LOCK_FILE))
+            .map_err(StorageError::io("open", desc.clone()))?;
+        match file.try_lock() {
+            Ok(()) => Ok(Box::new(file)),
+            Err(TryLockError::WouldBlock) => Err(StorageError::Locked { file: desc }),
+            Err(TryLockError::Error(source)) => Err(StorageError::Io {
+                op: "lock",
+                file: desc,
+                source,
+            }),
+        }
+    }
+
+    fn describe(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+}

@@ -1,0 +1,176 @@
+//! Files, mappings, the WAL and the lock, behind a [`Storage`] trait so a
+//! simulator can stand in for the file system (fault injection, counting).
+
+mod counting;
+mod fs;
+mod mem;
+pub mod wal;
+
+use std::io;
+use std::ops::Deref;
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use crate::format::FormatError;
+
+pub use counting::{CountingStorage, IoCounts};
+pub use fs::FileStorage;
+pub use mem::MemStorage;
+
+pub const MANIFEST_FILE: &str = "MANIFEST";
+pub const MANIFEST_TMP_FILE: &str = "MANIFEST.tmp";
+pub const WAL_FILE: &str = "wal.log";
+pub const WAL_TMP_FILE: &str = "wal.tmp";
+pub const PAYLOAD_FILE: &str = "payloads.log";
+pub const LOCK_FILE: &str = "LOCK";
+
+pub fn table_segment_file(segment: u32) -> String {
+    format!("nodes-{segment:06}.seg")
+}
+
+pub fn vector_segment_file(segment: u32) -> String {
+    format!("vectors-{segment:06}.seg")
+}
+
+#[derive(Debug, Error)]
+pub enum StorageError {
+    #[error("{op} {file}: {source}")]
+    Io {
+        op: &'static str,
+        file: String,
+        source: io::Error,
+    },
+    #[error("corrupt {file} at offset {offset_bytes}: {source}")]
+    Corrupt {
+        file: String,
+        offset_bytes: u64,
+        source: FormatError,
+    },
+    #[error("bank is locked by another process ({file})")]
+    Locked { file: String },
+}
+
+impl StorageError {
+    pub fn io(op: &'static str, file: impl Into<String>) -> impl FnOnce(io::Error) -> StorageError {
+        let file = file.into();
+        move |source| StorageError::Io { op, file, source }
+    }
+
+    /// Wraps a decode error found at `base_offset_bytes` within `file`.
+    pub fn corrupt(
+        file: impl Into<String>,
+        base_offset_bytes: u64,
+        source: FormatError,
+    ) -> StorageError {
+        let offset_bytes = base_offset_bytes + source.offset_bytes();
+        StorageError::Corrupt {
+            file: file.into(),
+            offset_bytes,
+            source,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Existing file, read only.
+    Read,
+    /// Existing file, read and write.
+    ReadWrite,
+    /// Read and write, created empty if missing.
+    Create,
+}
+
+/// A read-only view of a whole file. For real files this is a shared
+/// memory map, so the bytes are paged in on demand and never copied.
+#[derive(Clone)]
+pub struct Mapping {
+    inner: Arc<dyn MappedBytes>,
+}
+
+pub trait MappedBytes: Send + Sync {
+    fn bytes(&self) -> &[u8];
+}
+
+impl Mapping {
+    pub fn new(inner: Arc<dyn MappedBytes>) -> Mapping {
+        Mapping { inner }
+    }
+}
+
+impl Deref for Mapping {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.inner.bytes()
+    }
+}
+
+/// One open file.
+pub trait StorageFile: Send + Sync {
+    fn read_exact_at(&self, buf: &mut [u8], offset_bytes: u64) -> io::Result<()>;
+    fn write_all_at(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()>;
+    fn len_bytes(&self) -> io::Result<u64>;
+    fn set_len(&self, len_bytes: u64) -> io::Result<()>;
+    /// Makes every completed write to this file durable (fdatasync).
+    fn sync_data(&self) -> io::Result<()>;
+    /// Maps the whole file as it is now, read only. The engine maps only
+    /// fixed-size segments, so a mapping is never invalidated by growth.
+    fn map(&self) -> io::Result<Mapping>;
+}
+
+/// The directory a bank lives in.
+pub trait Storage: Send + Sync {
+    fn open(&self, name: &str, mode: OpenMode) -> io::Result<Arc<dyn StorageFile>>;
+    fn exists(&self, name: &str) -> io::Result<bool>;
+    /// Atomically replaces `to` with `from`.
+    fn rename(&self, from: &str, to: &str) -> io::Result<()>;
+    fn remove(&self, name: &str) -> io::Result<()>;
+    /// Makes creations and renames in the directory durable.
+    fn sync_dir(&self) -> io::Result<()>;
+    /// Takes the single-writer lock without waiting; the lock is held until
+    /// the returned guard is dropped.
+    fn try_lock_writer(&self) -> Result<Box<dyn Send + Sync>, StorageError>;
+    /// How to name `name` in messages (a path for real files).
+    fn describe(&self, name: &str) -> String;
+}
+
+/// Reads a whole small file (manifest, WAL) through the storage layer.
+pub fn read_all(storage: &dyn Storage, name: &str) -> Result<Vec<u8>, StorageError> {
+    let file = storage
+        .open(name, OpenMode::Read)
+        .map_err(StorageError::io("open", storage.describe(name)))?;
+    let len = file
+        .len_bytes()
+        .map_err(StorageError::io("stat", storage.describe(name)))?;
+    let mut buf = vec![0u8; len as usize];
+    file.read_exact_at(&mut buf, 0)
+        .map_err(StorageError::io("read", storage.describe(name)))?;
+    Ok(buf)
+}
+
+/// Writes `bytes` as the new content of `name` atomically: temp file,
+/// fsync, rename, directory fsync. A crash leaves the old or the new file.
+pub fn replace_atomically(
+    storage: &dyn Storage,
+    name: &str,
+    tmp: &str,
+    bytes: &[u8],
+) -> Result<(), StorageError> {
+    let desc = storage.describe(tmp);
+    let file = storage
+        .open(tmp, OpenMode::Create)
+        .map_err(StorageError::io("create", desc.clone()))?;
+    file.set_len(0)
+        .map_err(StorageError::io("truncate", desc.clone()))?;
+    file.write_all_at(bytes, 0)
+        .map_err(StorageError::io("write", desc.clone()))?;
+    file.sync_data().map_err(StorageError::io("fsync", desc))?;
+    drop(file);
+    storage
+        .rename(tmp, name)
+        .map_err(StorageError::io("rename", storage.describe(name)))?;
+    storage
+        .sync_dir()
+        .map_err(StorageError::io("fsync directory", storage.describe(".")))
+}

@@ -1,0 +1,432 @@
+//! Lifecycle tests of the bank API on real files: insert, scan, reopen,
+//! recovery without close, consolidation, lock, bad input.
+
+use std::collections::BTreeMap;
+
+use deltamem::{
+    Attach, Bank, BankConfig, BankError, Label, NewNode, NodeRef, NodeType, OpenOptions, Payload,
+    QueryOptions,
+};
+
+fn config(dim: u32) -> BankConfig {
+    let mut c = BankConfig::new(dim);
+    c.rows_per_segment = Some(4); // force several segments
+    c
+}
+
+fn unit(dim: usize, hot: usize) -> Vec<f32> {
+    let mut v = vec![0.0; dim];
+    v[hot] = 1.0;
+    v
+}
+
+fn node(tree: &str, attach: Attach, label: Label, scenario: &str, embedding: Vec<f32>) -> NewNode {
+    let mut fields = BTreeMap::new();
+    fields.insert(
+        "execution_procedure".to_string(),
+        format!("steps for {scenario}"),
+    );
+    NewNode {
+        tree: tree.into(),
+        attach,
+        label,
+        payload: Payload {
+            scenario: scenario.into(),
+            fields,
+        },
+        embedding,
+        external_id: None,
+    }
+}
+
+#[test]
+fn auto_attach_builds_chains_and_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bank = Bank::create_dir(dir.path(), config(8)).unwrap();
+    let root = bank
+        .insert(node(
+            "task",
+            Attach::Auto,
+            Label::Success,
+            "boil water",
+            unit(8, 0),
+        ))
+        .unwrap();
+    assert_eq!(
+        (root.node_type, root.parent, root.depth, root.matched),
+        (NodeType::Root, None, 1, None)
+    );
+    // Same direction: matches the root, becomes its child.
+    let child = bank
+        .insert(node(
+            "task",
+            Attach::Auto,
+            Label::Success,
+            "boil water again",
+            unit(8, 0),
+        ))
+        .unwrap();
+    assert_eq!(
+        (child.node_type, child.parent, child.depth),
+        (NodeType::Residual, Some(root.id), 2)
+    );
+    assert_eq!(child.matched.unwrap().0, root.id);
+    // Orthogonal: no match, new root; other tree is independent.
+    let other = bank
+        .insert(node(
+            "task",
+            Attach::Auto,
+            Label::Success,
+            "melt ice",
+            unit(8, 1),
+        ))
+        .unwrap();
+    assert_eq!(other.node_type, NodeType::Root);
+    let env = bank
+        .insert(node(
+            "env",
+            Attach::Auto,
+            Label::Success,
+            "kitchen",
+            unit(8, 0),
+        ))
+        .unwrap();
+    assert_eq!(env.node_type, NodeType::Root, "env tree has no nodes yet");
+
+    let q = bank
+        .query(
+            "task",
+            &unit(8, 0),
+            &QueryOptions {
+                k: 5,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    // Tie on score: smaller depth first.
+    assert_eq!(
+        q.iter().map(|m| m.id).collect::<Vec<_>>(),
+        vec![root.id, child.id]
+    );
+    assert_eq!(q[1].chain, vec![root.id, child.id]);
+    drop(bank); // no close: the WAL alone must bring everything back
+
+    let bank = Bank::open_dir(dir.path(), OpenOptions::default()).unwrap();
+    assert_eq!(bank.node_count(), 4);
+    assert_eq!(bank.chain(child.id).unwrap(), vec![root.id, child.id]);
+    assert_eq!(bank.payload(other.id).unwrap().scenario, "melt ice");
+    bank.close().unwrap();
+
+    let bank = Bank::open_dir(
+        dir.path(),
+        OpenOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(bank.manifest().node_count, 4, "close checkpointed");
+    assert!(bank.verify().unwrap().is_ok());
+    let q = bank
+        .query("task", &unit(8, 1), &QueryOptions::default())
+        .unwrap();
+    assert_eq!(q[0].id, other.id);
+}
+
+#[test]
+fn failure_penalty_changes_the_winner() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bank = Bank::create_dir(dir.path(), config(4)).unwrap();
+    let failed = bank
+        .insert(node(
+            "task",
+            Attach::Root,
+            Label::Failure,
+            "a",
+            vec![1.0, 0.0, 0.0, 0.0],
+        ))
+        .unwrap();
+    let ok = bank
+        .insert(node(
+            "task",
+            Attach::Root,
+            Label::Success,
+            "b",
+            vec![0.98, 0.2, 0.0, 0.0],
+        ))
+        .unwrap();
+    // cos(q, failed) = 1.0 - 0.05 = 0.95; cos(q, ok) ~ 0.98.
+    let q = bank
+        .query(
+            "task",
+            &[1.0, 0.0, 0.0, 0.0],
+            &QueryOptions {
+                k: 2,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(q[0].id, ok.id);
+    assert_eq!(q[1].id, failed.id);
+    let q = bank
+        .query(
+            "task",
+            &[1.0, 0.0, 0.0, 0.0],
+            &QueryOptions {
+                k: 2,
+                eps: Some(0.0),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(q[0].id, failed.id);
+}
+
+#[test]
+fn consolidation_is_atomic_and_optimistic() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bank = Bank::create_dir(dir.path(), config(4)).unwrap();
+    let root = bank
+        .insert(node(
+            "task",
+            Attach::Root,
+            Label::Success,
+            "r",
+            vec![1.0, 0.0, 0.0, 0.0],
+        ))
+        .unwrap();
+    let mid = bank
+        .insert(node(
+            "task",
+            Attach::Parent(NodeRef::Index(root.id)),
+            Label::Success,
+            "m",
+            vec![1.0, 0.1, 0.0, 0.0],
+        ))
+        .unwrap();
+    for expect_due in [false, false, true] {
+        assert_eq!(bank.success_hit(mid.id).unwrap().due, expect_due);
+    }
+    assert_eq!(
+        bank.due_for_consolidation(Some("task")).unwrap(),
+        vec![mid.id]
+    );
+    let mut fields = BTreeMap::new();
+    fields.insert("execution_procedure".into(), "distilled".into());
+    let ack = bank.consolidate(mid.id, fields.clone()).unwrap();
+    assert!(matches!(
+        bank.consolidate(mid.id, fields),
+        Err(BankError::AlreadyConsolidated { .. })
+    ));
+    assert!(bank.due_for_consolidation(None).unwrap().is_empty());
+    // The consolidated node no longer matches; the new root does.
+    let q = bank
+        .query(
+            "task",
+            &[1.0, 0.1, 0.0, 0.0],
+            &QueryOptions {
+                k: 3,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(q[0].id, ack.new_root);
+    assert!(q.iter().all(|m| m.id != mid.id));
+    let with = QueryOptions {
+        k: 3,
+        include_consolidated: true,
+        ..Default::default()
+    };
+    assert!(
+        bank.query("task", &[1.0, 0.1, 0.0, 0.0], &with)
+            .unwrap()
+            .iter()
+            .any(|m| m.id == mid.id)
+    );
+    bank.checkpoint().unwrap();
+    // After the checkpoint the flag comes from the mapped table.
+    let q = bank
+        .query(
+            "task",
+            &[1.0, 0.1, 0.0, 0.0],
+            &QueryOptions {
+                k: 3,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert!(q.iter().all(|m| m.id != mid.id));
+    let new_root = bank.row(ack.new_root).unwrap();
+    assert!(new_root.is_consolidated_root() && new_root.link == mid.id && new_root.depth == 1);
+    assert!(bank.verify().unwrap().is_ok());
+}
+
+#[test]
+fn second_writer_is_refused_readers_are_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let _bank = Bank::create_dir(dir.path(), config(4)).unwrap();
+    let err = Bank::open_dir(dir.path(), OpenOptions::default())
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("locked by another process"),
+        "{err}"
+    );
+    Bank::open_dir(
+        dir.path(),
+        OpenOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+}
+
+#[test]
+fn bad_input_is_rejected_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bank = Bank::create_dir(dir.path(), config(4)).unwrap();
+    bank.insert(node(
+        "task",
+        Attach::Root,
+        Label::Success,
+        "ok",
+        vec![1.0, 0.0, 0.0, 0.0],
+    ))
+    .unwrap();
+    let cases: Vec<(NewNode, &str)> = vec![
+        (
+            node(
+                "task",
+                Attach::Root,
+                Label::Success,
+                "x",
+                vec![1.0, 0.0, 0.0],
+            ),
+            "dimensions",
+        ),
+        (
+            node(
+                "task",
+                Attach::Root,
+                Label::Success,
+                "x",
+                vec![f32::NAN, 0.0, 0.0, 1.0],
+            ),
+            "component 0",
+        ),
+        (
+            node("task", Attach::Root, Label::Success, "x", vec![0.0; 4]),
+            "norm",
+        ),
+        (
+            node(
+                "task",
+                Attach::Root,
+                Label::Success,
+                "  ",
+                vec![1.0, 0.0, 0.0, 0.0],
+            ),
+            "scenario",
+        ),
+        (
+            node(
+                "nope",
+                Attach::Root,
+                Label::Success,
+                "x",
+                vec![1.0, 0.0, 0.0, 0.0],
+            ),
+            "unknown tree",
+        ),
+        (
+            node(
+                "task",
+                Attach::Parent(NodeRef::Index(99)),
+                Label::Success,
+                "x",
+                vec![1.0, 0.0, 0.0, 0.0],
+            ),
+            "unknown node",
+        ),
+        (
+            node(
+                "env",
+                Attach::Parent(NodeRef::Index(0)),
+                Label::Success,
+                "x",
+                vec![1.0, 0.0, 0.0, 0.0],
+            ),
+            "belongs to tree",
+        ),
+    ];
+    for (n, needle) in cases {
+        let err = bank.insert(n).unwrap_err().to_string();
+        assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+    }
+    let mut big = node(
+        "task",
+        Attach::Root,
+        Label::Success,
+        "x",
+        vec![1.0, 0.0, 0.0, 0.0],
+    );
+    big.payload
+        .fields
+        .insert("trajectory".into(), "x".repeat(5 * 1024 * 1024));
+    assert!(matches!(
+        bank.insert(big),
+        Err(BankError::PayloadTooLarge { .. })
+    ));
+    assert_eq!(bank.node_count(), 1);
+    bank.close().unwrap();
+    assert_eq!(
+        Bank::open_dir(dir.path(), OpenOptions::default())
+            .unwrap()
+            .node_count(),
+        1
+    );
+}
+
+#[test]
+fn foreign_and_corrupt_directories_get_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = Bank::open_dir(dir.path(), OpenOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("not a deltamem bank"), "{err}");
+    std::fs::write(dir.path().join("MANIFEST"), b"{\"json\": true}").unwrap();
+    let err = Bank::open_dir(dir.path(), OpenOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("MANIFEST") && err.contains("truncated"),
+        "{err}"
+    );
+}
+
+#[test]
+fn external_ids_resolve_and_must_be_unique() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bank = Bank::create_dir(dir.path(), config(4)).unwrap();
+    let uuid = "07221cb0-35b2-46b2-9b05-844af65063c0";
+    let mut n = node(
+        "task",
+        Attach::Root,
+        Label::Success,
+        "x",
+        vec![1.0, 0.0, 0.0, 0.0],
+    );
+    n.external_id = Some(uuid.into());
+    let a = bank.insert(n.clone()).unwrap();
+    assert!(matches!(
+        bank.insert(n),
+        Err(BankError::DuplicateExternalId { .. })
+    ));
+    bank.close().unwrap();
+    let bank = Bank::open_dir(dir.path(), OpenOptions::default()).unwrap();
+    assert_eq!(bank.resolve(&NodeRef::External(uuid.into())).unwrap(), a.id);
+    assert_eq!(bank.row(a.id).unwrap().external_id_text().unwrap(), uuid);
+}
