@@ -220,14 +220,10 @@ impl Bank {
         } else {
             Some(storage.try_lock_writer()?)
         };
-        let manifest = read_manifest(storage.as_ref())?;
+        let (manifest, wal_scan) = read_consistent_state(storage.as_ref(), options.read_only)?;
         if manifest.is_frozen() && !options.read_only {
-            return Err(BankError::ReadOnly(format!(
-                "{} is frozen",
-                storage.describe("")
-            )));
+            return Err(BankError::ReadOnly(format!("{} is frozen", storage.describe(""))));
         }
-        let wal_scan = scan(storage.as_ref())?;
         let mut bank = Bank::assemble(storage.clone(), manifest, None);
         let stale = wal_scan.header.salt != bank.manifest.wal_salt;
         if !stale {
@@ -285,6 +281,23 @@ impl Bank {
     }
 }
 
+/// Reads the manifest and the WAL. A reader can race a writer's checkpoint
+/// (new manifest, then new WAL) and see the old manifest with the new WAL;
+/// the salts then differ, so it reads both again. A writer holds the lock,
+/// so for it a salt mismatch is a real stale WAL left by a crash.
+fn read_consistent_state(storage: &dyn Storage, read_only: bool) -> Result<(Manifest, WalScan), BankError> {
+    const ATTEMPTS: u32 = 5;
+    let mut attempt = 0;
+    loop {
+        let manifest = read_manifest(storage)?;
+        let wal_scan = scan(storage)?;
+        attempt += 1;
+        if !read_only || wal_scan.header.salt == manifest.wal_salt || attempt == ATTEMPTS {
+            return Ok((manifest, wal_scan));
+        }
+    }
+}
+
 /// Reads and decodes MANIFEST, telling "not a bank" apart from corruption.
 pub(crate) fn read_manifest(storage: &dyn Storage) -> Result<Manifest, BankError> {
     let desc = storage.describe(MANIFEST_FILE);
@@ -298,4 +311,17 @@ pub(crate) fn read_manifest(storage: &dyn Storage) -> Result<Manifest, BankError
     }
     let bytes = read_all(storage, MANIFEST_FILE)?;
     Manifest::decode(&bytes).map_err(|e| StorageError::corrupt(desc, 0, e).into())
+}
+
+impl Bank {
+    /// For read-only handles: picks up what the writer committed since this
+    /// handle was opened (new manifest, new WAL records). A no-op for the
+    /// writer, which always sees its own state.
+    pub fn refresh(&mut self) -> Result<(), BankError> {
+        if self.writer.is_some() {
+            return Ok(());
+        }
+        *self = Bank::open(self.storage.clone(), OpenOptions { read_only: true, ..OpenOptions::default() })?;
+        Ok(())
+    }
 }
