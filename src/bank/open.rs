@@ -8,7 +8,7 @@ use super::base::Base;
 use super::overlay::Overlay;
 use super::{Bank, BankError, SyncPolicy, Writer};
 use crate::format::manifest::{MAX_TREES, Manifest, TREE_NAME_MAX_BYTES, TreeSpec};
-use crate::format::wal::{WalHeader, decode_ops};
+use crate::format::wal::{WalHeader, WalOp, decode_ops};
 use crate::format::{MAX_DIM_COUNT, default_rows_per_segment, vector_stride_bytes};
 use crate::storage::wal::{WalScan, WalWriter, scan};
 use crate::storage::{
@@ -259,18 +259,15 @@ impl Bank {
     /// but whose ops contradict the bank is corruption, not a torn tail.
     fn replay(&mut self, wal_scan: &WalScan) -> Result<(), BankError> {
         let desc = self.storage.describe(crate::storage::WAL_FILE);
-        for record in &wal_scan.records {
-            if record.lsn <= self.manifest.checkpoint_lsn {
-                continue;
-            }
-            let body = wal_scan.body(record);
-            let ops = decode_ops(body, record.op_count, self.manifest.dim_count).map_err(|e| {
-                StorageError::corrupt(
-                    desc.clone(),
-                    record.offset_bytes + crate::format::wal::RECORD_HEADER_SIZE_BYTES as u64,
-                    e,
-                )
-            })?;
+        let mut txns = Vec::new();
+        for record in wal_scan.records.iter().filter(|r| r.lsn > self.manifest.checkpoint_lsn) {
+            let at = record.offset_bytes + crate::format::wal::RECORD_HEADER_SIZE_BYTES as u64;
+            let ops = decode_ops(wal_scan.body(record), record.op_count, self.manifest.dim_count)
+                .map_err(|e| StorageError::corrupt(desc.clone(), at, e))?;
+            txns.push((record, ops));
+        }
+        self.seed_torn_rows(&txns);
+        for (record, ops) in txns {
             self.apply_txn(ops).map_err(|e| BankError::Corrupt {
                 file: desc.clone(),
                 offset_bytes: record.offset_bytes,
@@ -278,6 +275,23 @@ impl Bank {
             })?;
         }
         Ok(())
+    }
+
+    /// A checkpoint rewrites checkpointed rows in place; a crash in the
+    /// middle can tear one. Every such row has a full image in the WAL
+    /// (that is why it was being rewritten), so a row that no longer
+    /// decodes but is rewritten by the WAL takes its first WAL image: its
+    /// immutable fields, all that validation reads, are the same in all.
+    fn seed_torn_rows(&mut self, txns: &[(&crate::storage::wal::ScannedRecord, Vec<WalOp>)]) {
+        for op in txns.iter().flat_map(|(_, ops)| ops) {
+            if let WalOp::PutRow { row } = op
+                && row.index < self.base.node_count
+                && !self.overlay.patched.contains_key(&row.index)
+                && self.base.row(row.index).is_err()
+            {
+                self.overlay.patched.insert(row.index, row.clone());
+            }
+        }
     }
 }
 

@@ -152,6 +152,19 @@ pub(crate) fn need(what: &'static str, buf: &[u8], need_bytes: usize) -> Result<
     Ok(())
 }
 
+/// Reserved bytes must be zero: a non-zero reserved byte under a valid CRC
+/// means a layout this build does not know, which must not be misread.
+pub(crate) fn check_zero(what: &'static str, buf: &[u8], range: std::ops::Range<usize>) -> Result<(), FormatError> {
+    match buf[range.clone()].iter().position(|&b| b != 0) {
+        None => Ok(()),
+        Some(at) => Err(FormatError::Invalid {
+            what,
+            offset_bytes: (range.start + at) as u64,
+            detail: "reserved byte is not zero".into(),
+        }),
+    }
+}
+
 /// Verifies a trailing or embedded CRC field.
 pub(crate) fn check_crc(
     what: &'static str,

@@ -178,6 +178,9 @@ impl Row {
                 format!("unknown flags {flags:#04x}"),
             ));
         }
+        for reserved in [14..16, 44..48, 72..ROW_CRC_OFFSET] {
+            check_zero(WHAT, b, reserved)?;
+        }
         let mut external_id = [0u8; EXTERNAL_ID_MAX_BYTES];
         external_id.copy_from_slice(
             &b[ROW_EXTERNAL_ID_OFFSET..ROW_EXTERNAL_ID_OFFSET + EXTERNAL_ID_MAX_BYTES],

@@ -138,7 +138,11 @@ pub fn decode_ops(body: &[u8], op_count: u16, dim_count: u32) -> Result<Vec<WalO
             body.get(at..at + len)
                 .ok_or_else(|| invalid(at, format!("op runs past body end ({} bytes)", body.len())))
         };
-        let kind = take(at, OP_HEADER_SIZE_BYTES)?[0];
+        let op_header = take(at, OP_HEADER_SIZE_BYTES)?;
+        let kind = op_header[0];
+        if op_header[1..] != [0, 0, 0] {
+            return Err(invalid(at + 1, "reserved op header bytes are not zero".into()));
+        }
         at += OP_HEADER_SIZE_BYTES;
         let row_bytes = take(at, ROW_SIZE_BYTES)?;
         let row = Row::decode(row_bytes, get_u32(row_bytes, 0))?;
@@ -246,6 +250,7 @@ pub fn verify_record(
             detail: format!("lsn {} where {expected_lsn} was expected", h.lsn),
         });
     }
+    check_zero(WHAT_RECORD, record, 20..RECORD_HEADER_SIZE_BYTES)?;
     if h.kind != RECORD_KIND_TXN {
         return Err(FormatError::Invalid {
             what: WHAT_RECORD,

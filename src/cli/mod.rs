@@ -1,0 +1,126 @@
+//! The commands behind `src/main.rs`, and what they share: opening banks,
+//! naming nodes on the command line, writing JSON lines.
+
+pub mod demo;
+pub mod draw;
+pub mod embed;
+pub mod episodes;
+pub mod init;
+pub mod input;
+pub mod insert;
+pub mod inspect;
+pub mod query;
+pub mod report;
+pub mod update;
+
+use std::io::{self, Write};
+use std::path::Path;
+use std::str::FromStr;
+
+use anyhow::Context;
+use deltamem::{Bank, BankError, NodeRef, OpenOptions};
+use serde::Serialize;
+
+pub use init::TreeArg;
+
+/// How a command ended when it did not hit a fatal error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Ok,
+    /// Something was already reported on stderr (a rejected input line, a
+    /// failed check): exit 1 without another message.
+    Failed,
+}
+
+/// A node named on the command line: digits are an index, anything else
+/// an external id. A JSON string literal (`"42"`, with the quotes) is
+/// always an external id, so ids made of digits stay reachable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeArg(pub NodeRef);
+
+impl FromStr for NodeArg {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<NodeArg, String> {
+        if text.starts_with('"') {
+            return serde_json::from_str::<String>(text)
+                .map(|s| NodeArg(NodeRef::External(s)))
+                .map_err(|e| format!("not a valid JSON string: {e}"));
+        }
+        if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+            return text
+                .parse::<u32>()
+                .map(|i| NodeArg(NodeRef::Index(i)))
+                .map_err(|_| format!("node index {text} is too large"));
+        }
+        if text.is_empty() {
+            return Err("a node id cannot be empty".into());
+        }
+        Ok(NodeArg(NodeRef::External(text.to_string())))
+    }
+}
+
+/// Opens a bank for reading only: takes no lock, so it works beside a
+/// running writer, and sees the state as of the moment it opened.
+pub fn open_read(path: &Path) -> anyhow::Result<Bank> {
+    let options = OpenOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    Bank::open_dir(path, options).with_context(|| format!("cannot open {}", path.display()))
+}
+
+/// Opens a bank as its single writer.
+pub fn open_write(path: &Path) -> anyhow::Result<Bank> {
+    Bank::open_dir(path, OpenOptions::default())
+        .with_context(|| format!("cannot open {} for writing", path.display()))
+}
+
+/// Closes a writer, making everything durable (checkpoint), with context.
+pub fn close(bank: Bank, path: &Path) -> anyhow::Result<()> {
+    bank.close()
+        .with_context(|| format!("cannot close {} cleanly", path.display()))
+}
+
+/// Errors caused by what the caller sent, as opposed to the bank or the
+/// disk failing. Only these let a line-oriented command go on.
+pub fn is_input_error(e: &BankError) -> bool {
+    matches!(
+        e,
+        BankError::DimensionMismatch { .. }
+            | BankError::BadEmbedding(_)
+            | BankError::UnknownTree { .. }
+            | BankError::UnknownNode(_)
+            | BankError::WrongTree { .. }
+            | BankError::EmptyScenario
+            | BankError::PayloadTooLarge { .. }
+            | BankError::BadExternalId { .. }
+            | BankError::DuplicateExternalId { .. }
+            | BankError::BadConfig(_)
+    )
+}
+
+/// Writes `value` as one JSON line.
+pub fn write_json_line(out: &mut impl Write, value: &impl Serialize) -> anyhow::Result<()> {
+    serde_json::to_writer(&mut *out, value).context("cannot write to stdout")?;
+    out.write_all(b"\n").context("cannot write to stdout")
+}
+
+/// True if the error is stdout having been closed by the reader (as in
+/// `deltamem dump | head`): nothing worth telling the user.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        let kind = cause.downcast_ref::<io::Error>().map(io::Error::kind).or_else(|| {
+            cause
+                .downcast_ref::<serde_json::Error>()
+                .and_then(serde_json::Error::io_error_kind)
+        });
+        kind == Some(io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Stdout, buffered: commands flush it where a reader is waiting.
+pub fn stdout() -> io::BufWriter<io::StdoutLock<'static>> {
+    io::BufWriter::new(io::stdout().lock())
+}
+

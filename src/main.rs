@@ -1,0 +1,181 @@
+//! `deltamem`: the command-line front end of the storage engine. Every
+//! command that produces data writes JSON Lines on stdout, so scripts can
+//! drive a bank without linking the library; diagnostics go to stderr.
+
+mod cli;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use cli::{NodeArg, Status, TreeArg};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "deltamem",
+    version,
+    about = "Crash-safe residual-tree memory for LLM agents"
+)]
+struct Cli {
+    /// Print only results and errors, no progress or narration.
+    #[arg(long, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create a new bank directory.
+    Init {
+        bank: PathBuf,
+        /// Embedding dimension every node of the bank will have.
+        #[arg(long = "dim")]
+        dim_count: u32,
+        /// A tree as NAME or NAME:tau=X; repeat for several trees. Giving
+        /// any replaces the default pair `task` and `env`.
+        #[arg(long = "tree", value_name = "NAME[:tau=X]", value_parser = cli::init::parse_tree_arg)]
+        trees: Vec<TreeArg>,
+        /// Score penalty subtracted from FAILURE nodes.
+        #[arg(long)]
+        eps: Option<f32>,
+        /// D_max: longest chain, in nodes.
+        #[arg(long)]
+        max_depth: Option<u8>,
+        /// K_cons: success hits that make a residual node due.
+        #[arg(long)]
+        consolidate_after: Option<u32>,
+        /// Rows per segment file (default: about 64 MiB of vectors).
+        #[arg(long)]
+        rows_per_segment: Option<u32>,
+    },
+    /// Add nodes: one JSON object per stdin line, one acknowledgement each.
+    Insert {
+        bank: PathBuf,
+        /// When to fsync: before each ack, in groups, or only at close.
+        #[arg(long, value_enum, default_value_t = cli::insert::SyncArg::Always)]
+        sync: cli::insert::SyncArg,
+    },
+    /// Answer similarity queries read from stdin, one result line each.
+    Query {
+        bank: PathBuf,
+        /// Matches per query, unless the line says otherwise.
+        #[arg(long, default_value_t = 1)]
+        k: usize,
+        /// Also match nodes that were already distilled into a new root.
+        #[arg(long)]
+        include_consolidated: bool,
+    },
+    /// Print every node as one JSON line, in index order.
+    Dump {
+        bank: PathBuf,
+        #[arg(long)]
+        tree: Option<String>,
+        /// Include the stored (normalised) vectors.
+        #[arg(long)]
+        embeddings: bool,
+    },
+    /// Print the chain from a node's top-level root down to it.
+    Chain {
+        bank: PathBuf,
+        /// Node index, or external id (quote it as "\"42\"" if it is all digits).
+        id: NodeArg,
+        /// Print the chain as prompt text instead of JSON.
+        #[arg(long)]
+        render: bool,
+    },
+    /// Count one success hit on a node.
+    Hit { bank: PathBuf, id: NodeArg },
+    /// Write a distilled root for a node's chain and flag the node.
+    Consolidate {
+        bank: PathBuf,
+        id: NodeArg,
+        /// The distilled fields, as a JSON object of strings.
+        #[arg(long)]
+        payload: String,
+    },
+    /// List nodes due for consolidation.
+    Due {
+        bank: PathBuf,
+        #[arg(long)]
+        tree: Option<String>,
+    },
+    /// Counts, depth histograms and sizes.
+    Stats {
+        bank: PathBuf,
+        /// One JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check every checksum and link of a bank.
+    Verify { bank: PathBuf },
+    /// Walk through the agent loop on a scripted run with a toy embedder.
+    Demo {
+        /// Where to create the demo bank (default: a temporary directory).
+        dir: Option<PathBuf>,
+        /// Keep the temporary bank instead of removing it at the end.
+        #[arg(long)]
+        keep: bool,
+    },
+}
+
+fn run(cli: Cli) -> anyhow::Result<Status> {
+    let quiet = cli.quiet;
+    match cli.command {
+        Command::Init {
+            bank,
+            dim_count,
+            trees,
+            eps,
+            max_depth,
+            consolidate_after,
+            rows_per_segment,
+        } => cli::init::run(
+            &bank,
+            cli::init::InitArgs {
+                dim_count,
+                trees,
+                eps,
+                max_depth,
+                consolidate_after,
+                rows_per_segment,
+            },
+        ),
+        Command::Insert { bank, sync } => cli::insert::run(&bank, sync, quiet),
+        Command::Query {
+            bank,
+            k,
+            include_consolidated,
+        } => cli::query::run(&bank, k, include_consolidated),
+        Command::Dump {
+            bank,
+            tree,
+            embeddings,
+        } => cli::inspect::dump(&bank, tree.as_deref(), embeddings),
+        Command::Chain { bank, id, render } => cli::inspect::chain(&bank, &id, render),
+        Command::Hit { bank, id } => cli::update::hit(&bank, &id),
+        Command::Consolidate { bank, id, payload } => {
+            cli::update::consolidate(&bank, &id, &payload)
+        }
+        Command::Due { bank, tree } => cli::inspect::due(&bank, tree.as_deref()),
+        Command::Stats { bank, json } => cli::report::stats(&bank, json),
+        Command::Verify { bank } => cli::report::verify(&bank, quiet),
+        Command::Demo { dir, keep } => cli::demo::run(dir.as_deref(), keep, quiet),
+    }
+}
+
+fn main() -> ExitCode {
+    // clap exits by itself with status 2 on usage errors (0 for --help).
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(Status::Ok) => ExitCode::SUCCESS,
+        Ok(Status::Failed) => ExitCode::from(1),
+        Err(e) => {
+            if !cli::is_broken_pipe(&e) {
+                eprintln!("deltamem: {e:#}");
+            }
+            ExitCode::from(1)
+        }
+    }
+}
