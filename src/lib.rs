@@ -17,3 +17,8 @@ pub use bank::{
 pub use format::manifest::TreeSpec;
 pub use format::payload::Payload;
 pub use format::row::{Label, NodeType};
+
+/// Compiles and runs the README's Rust example as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
