@@ -8,7 +8,7 @@ use super::{Bank, BankError, SyncPolicy};
 use crate::format::payload::check_record;
 use crate::format::row::{NodeType, Row};
 use crate::format::vector_crc32;
-use crate::format::wal::{WalOp, encode_ops};
+use crate::format::wal::{MAX_RECORD_BODY_BYTES, WalOp, encode_ops};
 
 impl Bank {
     /// Validates and applies every op of a transaction, or none of them.
@@ -156,6 +156,12 @@ impl Bank {
     ) -> Result<u64, BankError> {
         self.check_writable()?;
         let body = encode_ops(&ops);
+        if ops.len() > usize::from(u16::MAX) || body.len() > MAX_RECORD_BODY_BYTES {
+            return Err(BankError::TransactionTooLarge {
+                ops: ops.len(),
+                size_bytes: body.len(),
+            });
+        }
         let op_count = ops.len() as u16;
         let undo = self.apply_txn_undoable(ops)?;
         let writer = self.writer.as_mut().expect("checked writable");

@@ -189,8 +189,10 @@ impl<'a> SegmentWriter<'a> {
 impl Bank {
     /// Checkpoints (if this is the writer) and releases the lock. Dropping
     /// a bank without `close` loses nothing committed: the WAL holds it.
+    /// A poisoned bank reports its poisoning here too: what it committed
+    /// since the failure may not be durable.
     pub fn close(mut self) -> Result<(), BankError> {
-        if self.writer.as_ref().is_some_and(|w| w.poisoned.is_none()) {
+        if self.writer.is_some() {
             self.checkpoint()?;
         }
         Ok(())

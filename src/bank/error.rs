@@ -45,6 +45,10 @@ pub enum BankError {
     AlreadyConsolidated { node: u32, root: u32 },
     #[error("node {node} cannot be consolidated: {reason}")]
     NotConsolidatable { node: u32, reason: String },
+    #[error(
+        "transaction of {ops} ops and {size_bytes} bytes exceeds one WAL record (65535 ops, 64 MiB)"
+    )]
+    TransactionTooLarge { ops: usize, size_bytes: usize },
     #[error("bank is read-only: {0}")]
     ReadOnly(String),
     #[error("bank refuses writes after an I/O failure ({0}); reopen it to recover")]

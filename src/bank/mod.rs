@@ -23,7 +23,7 @@ use std::time::Instant;
 pub use error::BankError;
 pub use mutate::{Attach, ConsolidateAck, HitAck, InsertAck, NewNode};
 pub use open::{BankConfig, OpenOptions};
-pub use scan::{Match, QueryOptions};
+pub use scan::{Match, QueryOptions, dot};
 pub use stats::{Stats, TreeStats};
 pub use verify::{Problem, VerifyReport};
 

@@ -249,7 +249,8 @@ impl Bank {
     }
 
     /// Bumps `retrievals` of every node of a chain that was used, in one
-    /// transaction.
+    /// transaction. Returns its LSN (with no ids: the next LSN, nothing
+    /// written).
     pub fn record_retrievals(&mut self, indexes: &[u32]) -> Result<u64, BankError> {
         self.check_writable()?;
         let mut ops = Vec::with_capacity(indexes.len());
@@ -261,6 +262,9 @@ impl Bank {
             let mut row = self.row(index)?;
             row.retrievals = row.retrievals.saturating_add(1);
             ops.push(WalOp::PutRow { row });
+        }
+        if ops.is_empty() {
+            return Ok(self.writer.as_ref().map_or(0, |w| w.wal.next_lsn()));
         }
         self.commit(ops, None)
     }

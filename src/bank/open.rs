@@ -222,7 +222,10 @@ impl Bank {
         };
         let (manifest, wal_scan) = read_consistent_state(storage.as_ref(), options.read_only)?;
         if manifest.is_frozen() && !options.read_only {
-            return Err(BankError::ReadOnly(format!("{} is frozen", storage.describe(""))));
+            return Err(BankError::ReadOnly(format!(
+                "{} is frozen",
+                storage.describe("")
+            )));
         }
         let mut bank = Bank::assemble(storage.clone(), manifest, None);
         let stale = wal_scan.header.salt != bank.manifest.wal_salt;
@@ -260,10 +263,18 @@ impl Bank {
     fn replay(&mut self, wal_scan: &WalScan) -> Result<(), BankError> {
         let desc = self.storage.describe(crate::storage::WAL_FILE);
         let mut txns = Vec::new();
-        for record in wal_scan.records.iter().filter(|r| r.lsn > self.manifest.checkpoint_lsn) {
+        for record in wal_scan
+            .records
+            .iter()
+            .filter(|r| r.lsn > self.manifest.checkpoint_lsn)
+        {
             let at = record.offset_bytes + crate::format::wal::RECORD_HEADER_SIZE_BYTES as u64;
-            let ops = decode_ops(wal_scan.body(record), record.op_count, self.manifest.dim_count)
-                .map_err(|e| StorageError::corrupt(desc.clone(), at, e))?;
+            let ops = decode_ops(
+                wal_scan.body(record),
+                record.op_count,
+                self.manifest.dim_count,
+            )
+            .map_err(|e| StorageError::corrupt(desc.clone(), at, e))?;
             txns.push((record, ops));
         }
         self.seed_torn_rows(&txns);
@@ -299,7 +310,10 @@ impl Bank {
 /// (new manifest, then new WAL) and see the old manifest with the new WAL;
 /// the salts then differ, so it reads both again. A writer holds the lock,
 /// so for it a salt mismatch is a real stale WAL left by a crash.
-fn read_consistent_state(storage: &dyn Storage, read_only: bool) -> Result<(Manifest, WalScan), BankError> {
+fn read_consistent_state(
+    storage: &dyn Storage,
+    read_only: bool,
+) -> Result<(Manifest, WalScan), BankError> {
     const ATTEMPTS: u32 = 5;
     let mut attempt = 0;
     loop {
@@ -335,7 +349,13 @@ impl Bank {
         if self.writer.is_some() {
             return Ok(());
         }
-        *self = Bank::open(self.storage.clone(), OpenOptions { read_only: true, ..OpenOptions::default() })?;
+        *self = Bank::open(
+            self.storage.clone(),
+            OpenOptions {
+                read_only: true,
+                ..OpenOptions::default()
+            },
+        )?;
         Ok(())
     }
 }

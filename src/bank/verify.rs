@@ -89,9 +89,10 @@ impl Bank {
                 // A row torn by a crashed checkpoint is superseded by its
                 // WAL image and rewritten by the next checkpoint.
                 Err(_) if self.overlay.patched.contains_key(&index) => {
-                    expected_payload_offset = self.row(index).map_or(expected_payload_offset, |r| {
-                        r.payload_offset_bytes + u64::from(r.payload_size_bytes)
-                    });
+                    expected_payload_offset =
+                        self.row(index).map_or(expected_payload_offset, |r| {
+                            r.payload_offset_bytes + u64::from(r.payload_size_bytes)
+                        });
                 }
                 Err(e) => report.add_error(e),
             }

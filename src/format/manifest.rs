@@ -130,12 +130,21 @@ impl Manifest {
             get_u32(b, MAN_CRC_OFFSET),
             crc32(&b[..MAN_CRC_OFFSET]),
         )?;
-        for reserved in [46..48, 52..56, 96..MAN_TREES_OFFSET, MAN_TREES_OFFSET + MAX_TREES * TREE_ENTRY_SIZE_BYTES..MAN_CRC_OFFSET] {
+        for reserved in [
+            46..48,
+            52..56,
+            96..MAN_TREES_OFFSET,
+            MAN_TREES_OFFSET + MAX_TREES * TREE_ENTRY_SIZE_BYTES..MAN_CRC_OFFSET,
+        ] {
             check_zero(WHAT, b, reserved)?;
         }
         let flags = get_u32(b, MAN_FLAGS_OFFSET);
         if flags & !MANIFEST_FLAG_FROZEN != 0 {
-            return Err(FormatError::Invalid { what: WHAT, offset_bytes: MAN_FLAGS_OFFSET as u64, detail: format!("unknown flags {flags:#x}") });
+            return Err(FormatError::Invalid {
+                what: WHAT,
+                offset_bytes: MAN_FLAGS_OFFSET as u64,
+                detail: format!("unknown flags {flags:#x}"),
+            });
         }
         let m = Manifest {
             sequence: get_u64(b, MAN_SEQUENCE_OFFSET),
@@ -240,7 +249,11 @@ fn decode_trees(b: &[u8]) -> Result<Vec<TreeSpec>, FormatError> {
             .position(|&c| c == 0)
             .unwrap_or(TREE_NAME_MAX_BYTES);
         check_zero(WHAT, b, at + len..at + TREE_NAME_MAX_BYTES)?;
-        check_zero(WHAT, b, at + TREE_TAU_OFFSET + 4..at + TREE_ENTRY_SIZE_BYTES)?;
+        check_zero(
+            WHAT,
+            b,
+            at + TREE_TAU_OFFSET + 4..at + TREE_ENTRY_SIZE_BYTES,
+        )?;
         let name = std::str::from_utf8(&raw[..len]).map_err(|_| FormatError::Invalid {
             what: WHAT,
             offset_bytes: at as u64,

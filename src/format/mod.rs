@@ -154,7 +154,11 @@ pub(crate) fn need(what: &'static str, buf: &[u8], need_bytes: usize) -> Result<
 
 /// Reserved bytes must be zero: a non-zero reserved byte under a valid CRC
 /// means a layout this build does not know, which must not be misread.
-pub(crate) fn check_zero(what: &'static str, buf: &[u8], range: std::ops::Range<usize>) -> Result<(), FormatError> {
+pub(crate) fn check_zero(
+    what: &'static str,
+    buf: &[u8],
+    range: std::ops::Range<usize>,
+) -> Result<(), FormatError> {
     match buf[range.clone()].iter().position(|&b| b != 0) {
         None => Ok(()),
         Some(at) => Err(FormatError::Invalid {

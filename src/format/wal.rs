@@ -141,7 +141,10 @@ pub fn decode_ops(body: &[u8], op_count: u16, dim_count: u32) -> Result<Vec<WalO
         let op_header = take(at, OP_HEADER_SIZE_BYTES)?;
         let kind = op_header[0];
         if op_header[1..] != [0, 0, 0] {
-            return Err(invalid(at + 1, "reserved op header bytes are not zero".into()));
+            return Err(invalid(
+                at + 1,
+                "reserved op header bytes are not zero".into(),
+            ));
         }
         at += OP_HEADER_SIZE_BYTES;
         let row_bytes = take(at, ROW_SIZE_BYTES)?;
