@@ -35,6 +35,10 @@ impl Bank {
     }
 
     fn write_checkpoint(&mut self) -> Result<(), BankError> {
+        // WAL before data: rewriting a checkpointed row in place destroys
+        // its old image, so the record holding the new one must be durable
+        // first (under `batch`/`none` it may not be yet).
+        self.sync()?;
         let storage = self.storage.clone();
         let created = self.write_data_files()?;
         if created {

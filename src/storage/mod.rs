@@ -4,6 +4,7 @@
 mod counting;
 mod fs;
 mod mem;
+pub mod sim;
 pub mod wal;
 
 use std::io;
@@ -17,6 +18,7 @@ use crate::format::FormatError;
 pub use counting::{CountingStorage, IoCounts};
 pub use fs::FileStorage;
 pub use mem::MemStorage;
+pub use sim::{FaultKind, FaultPlan, Loss, SimStorage};
 
 pub const MANIFEST_FILE: &str = "MANIFEST";
 pub const MANIFEST_TMP_FILE: &str = "MANIFEST.tmp";
