@@ -6,9 +6,7 @@ use std::collections::BTreeMap;
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use deltamem::{
-    Attach, Bank, BankConfig, Label, NewNode, OpenOptions, Payload, QueryOptions, SyncPolicy,
-};
+use deltamem::{Attach, Bank, BankConfig, Label, NewNode, OpenOptions, Payload, QueryOptions, SyncPolicy};
 
 const DIM: u32 = 768;
 
@@ -39,11 +37,7 @@ fn node(rng: &mut Rng, i: usize) -> NewNode {
     NewNode {
         tree: if i % 2 == 0 { "task" } else { "env" }.into(),
         attach: Attach::Root,
-        label: if i % 7 == 0 {
-            Label::Failure
-        } else {
-            Label::Success
-        },
+        label: if i % 7 == 0 { Label::Failure } else { Label::Success },
         payload: Payload {
             scenario: format!("scenario {i}"),
             fields,
@@ -101,16 +95,12 @@ fn scan(c: &mut Criterion) {
         };
         group.throughput(Throughput::Bytes((rows * DIM as usize * 4) as u64));
         // Both trees share the column; query both so every row is scored.
-        group.bench_with_input(
-            BenchmarkId::new("deltamem_mmap_both_trees", rows),
-            &rows,
-            |b, _| {
-                b.iter(|| {
-                    black_box(bank.query("task", &q, &opts).unwrap());
-                    black_box(bank.query("env", &q, &opts).unwrap());
-                })
-            },
-        );
+        group.bench_with_input(BenchmarkId::new("deltamem_mmap_both_trees", rows), &rows, |b, _| {
+            b.iter(|| {
+                black_box(bank.query("task", &q, &opts).unwrap());
+                black_box(bank.query("env", &q, &opts).unwrap());
+            })
+        });
         group.bench_with_input(BenchmarkId::new("heap_peer", rows), &rows, |b, _| {
             b.iter(|| black_box(heap_scan(&heap, &q)))
         });
@@ -133,11 +123,7 @@ fn insert(c: &mut Criterion) {
         ("always", SyncPolicy::Always),
     ];
     for (name, policy) in policies {
-        let count = if policy == SyncPolicy::Always {
-            200
-        } else {
-            5_000
-        };
+        let count = if policy == SyncPolicy::Always { 200 } else { 5_000 };
         group.throughput(Throughput::Elements(count as u64));
         group.bench_function(name, |b| {
             b.iter_batched(

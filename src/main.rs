@@ -12,11 +12,7 @@ use clap::{Parser, Subcommand};
 use cli::{NodeArg, Status, TreeArg};
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "deltamem",
-    version,
-    about = "Crash-safe residual-tree memory for LLM agents"
-)]
+#[command(name = "deltamem", version, about = "Crash-safe residual-tree memory for LLM agents")]
 struct Cli {
     /// Print only results and errors, no progress or narration.
     #[arg(long, global = true)]
@@ -148,16 +144,10 @@ fn run(cli: Cli) -> anyhow::Result<Status> {
             k,
             include_consolidated,
         } => cli::query::run(&bank, k, include_consolidated),
-        Command::Dump {
-            bank,
-            tree,
-            embeddings,
-        } => cli::inspect::dump(&bank, tree.as_deref(), embeddings),
+        Command::Dump { bank, tree, embeddings } => cli::inspect::dump(&bank, tree.as_deref(), embeddings),
         Command::Chain { bank, id, render } => cli::inspect::chain(&bank, &id, render),
         Command::Hit { bank, id } => cli::update::hit(&bank, &id),
-        Command::Consolidate { bank, id, payload } => {
-            cli::update::consolidate(&bank, &id, &payload)
-        }
+        Command::Consolidate { bank, id, payload } => cli::update::consolidate(&bank, &id, &payload),
         Command::Due { bank, tree } => cli::inspect::due(&bank, tree.as_deref()),
         Command::Stats { bank, json } => cli::report::stats(&bank, json),
         Command::Verify { bank } => cli::report::verify(&bank, quiet),

@@ -4,8 +4,7 @@
 use std::collections::BTreeMap;
 
 use deltamem::{
-    Attach, Bank, BankConfig, BankError, Label, NewNode, NodeRef, NodeType, OpenOptions, Payload,
-    QueryOptions,
+    Attach, Bank, BankConfig, BankError, Label, NewNode, NodeRef, NodeType, OpenOptions, Payload, QueryOptions,
 };
 
 fn config(dim: u32) -> BankConfig {
@@ -22,10 +21,7 @@ fn unit(dim: usize, hot: usize) -> Vec<f32> {
 
 fn node(tree: &str, attach: Attach, label: Label, scenario: &str, embedding: Vec<f32>) -> NewNode {
     let mut fields = BTreeMap::new();
-    fields.insert(
-        "execution_procedure".to_string(),
-        format!("steps for {scenario}"),
-    );
+    fields.insert("execution_procedure".to_string(), format!("steps for {scenario}"));
     NewNode {
         tree: tree.into(),
         attach,
@@ -44,13 +40,7 @@ fn auto_attach_builds_chains_and_survives_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let mut bank = Bank::create_dir(dir.path(), config(8)).unwrap();
     let root = bank
-        .insert(node(
-            "task",
-            Attach::Auto,
-            Label::Success,
-            "boil water",
-            unit(8, 0),
-        ))
+        .insert(node("task", Attach::Auto, Label::Success, "boil water", unit(8, 0)))
         .unwrap();
     assert_eq!(
         (root.node_type, root.parent, root.depth, root.matched),
@@ -73,23 +63,11 @@ fn auto_attach_builds_chains_and_survives_reopen() {
     assert_eq!(child.matched.unwrap().0, root.id);
     // Orthogonal: no match, new root; other tree is independent.
     let other = bank
-        .insert(node(
-            "task",
-            Attach::Auto,
-            Label::Success,
-            "melt ice",
-            unit(8, 1),
-        ))
+        .insert(node("task", Attach::Auto, Label::Success, "melt ice", unit(8, 1)))
         .unwrap();
     assert_eq!(other.node_type, NodeType::Root);
     let env = bank
-        .insert(node(
-            "env",
-            Attach::Auto,
-            Label::Success,
-            "kitchen",
-            unit(8, 0),
-        ))
+        .insert(node("env", Attach::Auto, Label::Success, "kitchen", unit(8, 0)))
         .unwrap();
     assert_eq!(env.node_type, NodeType::Root, "env tree has no nodes yet");
 
@@ -104,10 +82,7 @@ fn auto_attach_builds_chains_and_survives_reopen() {
         )
         .unwrap();
     // Tie on score: smaller depth first.
-    assert_eq!(
-        q.iter().map(|m| m.id).collect::<Vec<_>>(),
-        vec![root.id, child.id]
-    );
+    assert_eq!(q.iter().map(|m| m.id).collect::<Vec<_>>(), vec![root.id, child.id]);
     assert_eq!(q[1].chain, vec![root.id, child.id]);
     drop(bank); // no close: the WAL alone must bring everything back
 
@@ -127,9 +102,7 @@ fn auto_attach_builds_chains_and_survives_reopen() {
     .unwrap();
     assert_eq!(bank.manifest().node_count, 4, "close checkpointed");
     assert!(bank.verify().unwrap().is_ok());
-    let q = bank
-        .query("task", &unit(8, 1), &QueryOptions::default())
-        .unwrap();
+    let q = bank.query("task", &unit(8, 1), &QueryOptions::default()).unwrap();
     assert_eq!(q[0].id, other.id);
 }
 
@@ -207,10 +180,7 @@ fn consolidation_is_atomic_and_optimistic() {
     for expect_due in [false, false, true] {
         assert_eq!(bank.success_hit(mid.id).unwrap().due, expect_due);
     }
-    assert_eq!(
-        bank.due_for_consolidation(Some("task")).unwrap(),
-        vec![mid.id]
-    );
+    assert_eq!(bank.due_for_consolidation(Some("task")).unwrap(), vec![mid.id]);
     let mut fields = BTreeMap::new();
     fields.insert("execution_procedure".into(), "distilled".into());
     let ack = bank.consolidate(mid.id, fields.clone()).unwrap();
@@ -265,13 +235,8 @@ fn consolidation_is_atomic_and_optimistic() {
 fn second_writer_is_refused_readers_are_not() {
     let dir = tempfile::tempdir().unwrap();
     let _bank = Bank::create_dir(dir.path(), config(4)).unwrap();
-    let err = Bank::open_dir(dir.path(), OpenOptions::default())
-        .err()
-        .unwrap();
-    assert!(
-        err.to_string().contains("locked by another process"),
-        "{err}"
-    );
+    let err = Bank::open_dir(dir.path(), OpenOptions::default()).err().unwrap();
+    assert!(err.to_string().contains("locked by another process"), "{err}");
     Bank::open_dir(
         dir.path(),
         OpenOptions {
@@ -296,47 +261,20 @@ fn bad_input_is_rejected_and_changes_nothing() {
     .unwrap();
     let cases: Vec<(NewNode, &str)> = vec![
         (
-            node(
-                "task",
-                Attach::Root,
-                Label::Success,
-                "x",
-                vec![1.0, 0.0, 0.0],
-            ),
+            node("task", Attach::Root, Label::Success, "x", vec![1.0, 0.0, 0.0]),
             "dimensions",
         ),
         (
-            node(
-                "task",
-                Attach::Root,
-                Label::Success,
-                "x",
-                vec![f32::NAN, 0.0, 0.0, 1.0],
-            ),
+            node("task", Attach::Root, Label::Success, "x", vec![f32::NAN, 0.0, 0.0, 1.0]),
             "component 0",
         ),
+        (node("task", Attach::Root, Label::Success, "x", vec![0.0; 4]), "norm"),
         (
-            node("task", Attach::Root, Label::Success, "x", vec![0.0; 4]),
-            "norm",
-        ),
-        (
-            node(
-                "task",
-                Attach::Root,
-                Label::Success,
-                "  ",
-                vec![1.0, 0.0, 0.0, 0.0],
-            ),
+            node("task", Attach::Root, Label::Success, "  ", vec![1.0, 0.0, 0.0, 0.0]),
             "scenario",
         ),
         (
-            node(
-                "nope",
-                Attach::Root,
-                Label::Success,
-                "x",
-                vec![1.0, 0.0, 0.0, 0.0],
-            ),
+            node("nope", Attach::Root, Label::Success, "x", vec![1.0, 0.0, 0.0, 0.0]),
             "unknown tree",
         ),
         (
@@ -364,26 +302,15 @@ fn bad_input_is_rejected_and_changes_nothing() {
         let err = bank.insert(n).unwrap_err().to_string();
         assert!(err.contains(needle), "{err:?} should mention {needle:?}");
     }
-    let mut big = node(
-        "task",
-        Attach::Root,
-        Label::Success,
-        "x",
-        vec![1.0, 0.0, 0.0, 0.0],
-    );
+    let mut big = node("task", Attach::Root, Label::Success, "x", vec![1.0, 0.0, 0.0, 0.0]);
     big.payload
         .fields
         .insert("trajectory".into(), "x".repeat(5 * 1024 * 1024));
-    assert!(matches!(
-        bank.insert(big),
-        Err(BankError::PayloadTooLarge { .. })
-    ));
+    assert!(matches!(bank.insert(big), Err(BankError::PayloadTooLarge { .. })));
     assert_eq!(bank.node_count(), 1);
     bank.close().unwrap();
     assert_eq!(
-        Bank::open_dir(dir.path(), OpenOptions::default())
-            .unwrap()
-            .node_count(),
+        Bank::open_dir(dir.path(), OpenOptions::default()).unwrap().node_count(),
         1
     );
 }
@@ -401,10 +328,7 @@ fn foreign_and_corrupt_directories_get_clear_errors() {
         .err()
         .unwrap()
         .to_string();
-    assert!(
-        err.contains("MANIFEST") && err.contains("truncated"),
-        "{err}"
-    );
+    assert!(err.contains("MANIFEST") && err.contains("truncated"), "{err}");
 }
 
 #[test]
@@ -412,19 +336,10 @@ fn external_ids_resolve_and_must_be_unique() {
     let dir = tempfile::tempdir().unwrap();
     let mut bank = Bank::create_dir(dir.path(), config(4)).unwrap();
     let uuid = "07221cb0-35b2-46b2-9b05-844af65063c0";
-    let mut n = node(
-        "task",
-        Attach::Root,
-        Label::Success,
-        "x",
-        vec![1.0, 0.0, 0.0, 0.0],
-    );
+    let mut n = node("task", Attach::Root, Label::Success, "x", vec![1.0, 0.0, 0.0, 0.0]);
     n.external_id = Some(uuid.into());
     let a = bank.insert(n.clone()).unwrap();
-    assert!(matches!(
-        bank.insert(n),
-        Err(BankError::DuplicateExternalId { .. })
-    ));
+    assert!(matches!(bank.insert(n), Err(BankError::DuplicateExternalId { .. })));
     bank.close().unwrap();
     let bank = Bank::open_dir(dir.path(), OpenOptions::default()).unwrap();
     assert_eq!(bank.resolve(&NodeRef::External(uuid.into())).unwrap(), a.id);
@@ -437,8 +352,24 @@ fn row_torn_by_a_crashed_checkpoint_is_repaired_from_the_wal() {
     use std::sync::Arc;
     let storage = MemStorage::new();
     let mut bank = Bank::create(Arc::new(storage.clone()), config(4)).unwrap();
-    let a = bank.insert(node("task", Attach::Root, Label::Success, "a", vec![1.0, 0.0, 0.0, 0.0])).unwrap();
-    let b = bank.insert(node("task", Attach::Parent(NodeRef::Index(a.id)), Label::Success, "b", vec![1.0, 0.2, 0.0, 0.0])).unwrap();
+    let a = bank
+        .insert(node(
+            "task",
+            Attach::Root,
+            Label::Success,
+            "a",
+            vec![1.0, 0.0, 0.0, 0.0],
+        ))
+        .unwrap();
+    let b = bank
+        .insert(node(
+            "task",
+            Attach::Parent(NodeRef::Index(a.id)),
+            Label::Success,
+            "b",
+            vec![1.0, 0.2, 0.0, 0.0],
+        ))
+        .unwrap();
     bank.close().unwrap();
     let mut bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
     bank.success_hit(a.id).unwrap();
@@ -454,7 +385,34 @@ fn row_torn_by_a_crashed_checkpoint_is_repaired_from_the_wal() {
     assert!(bank.verify().unwrap().is_ok(), "superseded torn row is not a problem");
     bank.checkpoint().unwrap();
     drop(bank);
-    let bank = Bank::open(Arc::new(storage), OpenOptions { read_only: true, ..Default::default() }).unwrap();
+    let bank = Bank::open(
+        Arc::new(storage),
+        OpenOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(bank.row(a.id).unwrap().success_hits, 1);
     assert!(bank.verify().unwrap().is_ok());
+}
+
+#[test]
+fn bad_config_names_the_option_and_leaves_no_directory() {
+    let parent = tempfile::tempdir().unwrap();
+    let path = parent.path().join("bank");
+    let mut c = config(4);
+    c.trees[0].tau = 2.0;
+    let err = Bank::create_dir(&path, c).err().unwrap().to_string();
+    assert!(err.contains("tau 2") && err.contains("task"), "{err}");
+    assert!(!path.exists(), "a refused init must not leave a directory");
+    let mut c = config(4);
+    c.consolidate_after = 0;
+    assert!(
+        Bank::create_dir(&path, c)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("--consolidate-after")
+    );
 }

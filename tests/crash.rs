@@ -17,9 +17,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use deltamem::storage::{FaultKind, FaultPlan, Loss, SimStorage};
-use deltamem::{
-    Attach, Bank, BankConfig, BankError, Label, NewNode, NodeRef, OpenOptions, Payload, SyncPolicy,
-};
+use deltamem::{Attach, Bank, BankConfig, BankError, Label, NewNode, NodeRef, OpenOptions, Payload, SyncPolicy};
 
 const DIM: usize = 8;
 const OPS_PER_WORKLOAD: usize = 40;
@@ -60,13 +58,7 @@ fn embedding(rng: &mut Rng) -> Vec<f32> {
     // A few directions so auto-attach finds matches often.
     let base = rng.below(4);
     (0..DIM)
-        .map(|i| {
-            if i == base {
-                1.0
-            } else {
-                (rng.below(3) as f32) * 0.1
-            }
-        })
+        .map(|i| if i == base { 1.0 } else { (rng.below(3) as f32) * 0.1 })
         .collect()
 }
 
@@ -84,9 +76,7 @@ fn new_node(rng: &mut Rng, bank: &Bank) -> NewNode {
     );
     if rng.below(5) == 0 {
         // Large and poorly compressible: records span several sectors.
-        let noise: String = (0..3000)
-            .map(|_| char::from(b'a' + (rng.next() % 26) as u8))
-            .collect();
+        let noise: String = (0..3000).map(|_| char::from(b'a' + (rng.next() % 26) as u8)).collect();
         fields.insert("trajectory".into(), noise);
     }
     NewNode {
@@ -339,12 +329,7 @@ fn compound(ledger: &Ledger, image: &SimStorage, out: &Outcome, what: &str) -> u
         }));
         let _ = open_writer(&attempt, SyncPolicy::Always);
         let second = attempt.crash_image(Loss::LoseUnsynced);
-        check_recovery(
-            ledger,
-            &second,
-            out,
-            &format!("{what}, crash {j} of recovery"),
-        );
+        check_recovery(ledger, &second, out, &format!("{what}, crash {j} of recovery"));
     }
     recovery_ops
 }

@@ -114,10 +114,7 @@ fn parse_tables(text: &str) -> BTreeMap<String, Vec<SpecRow>> {
             });
             i += 1;
         }
-        assert!(
-            !rows.is_empty(),
-            "FORMAT.md:{heading_line}: table `{name}` has no rows"
-        );
+        assert!(!rows.is_empty(), "FORMAT.md:{heading_line}: table `{name}` has no rows");
         assert!(
             tables.insert(name.clone(), rows).is_none(),
             "FORMAT.md:{heading_line}: table `{name}` appears twice"
@@ -156,30 +153,14 @@ fn offset_constants() -> Vec<(&'static str, &'static str, &'static str, usize)> 
         ("Manifest", "flags", manifest::MAN_FLAGS_OFFSET),
         ("Manifest", "dim_count", manifest::MAN_DIM_OFFSET),
         ("Manifest", "row_stride_bytes", manifest::MAN_STRIDE_OFFSET),
-        (
-            "Manifest",
-            "rows_per_segment",
-            manifest::MAN_ROWS_PER_SEGMENT_OFFSET
-        ),
+        ("Manifest", "rows_per_segment", manifest::MAN_ROWS_PER_SEGMENT_OFFSET),
         ("Manifest", "eps", manifest::MAN_EPS_OFFSET),
         ("Manifest", "max_depth", manifest::MAN_MAX_DEPTH_OFFSET),
         ("Manifest", "tree_count", manifest::MAN_TREE_COUNT_OFFSET),
-        (
-            "Manifest",
-            "consolidate_after",
-            manifest::MAN_CONSOLIDATE_AFTER_OFFSET
-        ),
-        (
-            "Manifest",
-            "checkpoint_lsn",
-            manifest::MAN_CHECKPOINT_LSN_OFFSET
-        ),
+        ("Manifest", "consolidate_after", manifest::MAN_CONSOLIDATE_AFTER_OFFSET),
+        ("Manifest", "checkpoint_lsn", manifest::MAN_CHECKPOINT_LSN_OFFSET),
         ("Manifest", "node_count", manifest::MAN_NODE_COUNT_OFFSET),
-        (
-            "Manifest",
-            "payload_end_bytes",
-            manifest::MAN_PAYLOAD_END_OFFSET
-        ),
+        ("Manifest", "payload_end_bytes", manifest::MAN_PAYLOAD_END_OFFSET),
         ("Manifest", "wal_salt", manifest::MAN_WAL_SALT_OFFSET),
         ("Manifest", "created_unix_ms", manifest::MAN_CREATED_OFFSET),
         ("Manifest", "trees", manifest::MAN_TREES_OFFSET),
@@ -196,30 +177,14 @@ fn offset_constants() -> Vec<(&'static str, &'static str, &'static str, usize)> 
         ("Node row", "retrievals", row::ROW_RETRIEVALS_OFFSET),
         ("Node row", "link", row::ROW_LINK_OFFSET),
         ("Node row", "vector_crc32", row::ROW_VECTOR_CRC_OFFSET),
-        (
-            "Node row",
-            "payload_offset_bytes",
-            row::ROW_PAYLOAD_OFFSET_OFFSET
-        ),
-        (
-            "Node row",
-            "payload_size_bytes",
-            row::ROW_PAYLOAD_SIZE_OFFSET
-        ),
+        ("Node row", "payload_offset_bytes", row::ROW_PAYLOAD_OFFSET_OFFSET),
+        ("Node row", "payload_size_bytes", row::ROW_PAYLOAD_SIZE_OFFSET),
         ("Node row", "created_unix_ms", row::ROW_CREATED_OFFSET),
         ("Node row", "external_id", row::ROW_EXTERNAL_ID_OFFSET),
         ("Node row", "crc32", row::ROW_CRC_OFFSET),
         ("Payload record header", "magic", payload::PAY_MAGIC_OFFSET),
-        (
-            "Payload record header",
-            "body_size",
-            payload::PAY_BODY_SIZE_OFFSET
-        ),
-        (
-            "Payload record header",
-            "node_index",
-            payload::PAY_NODE_INDEX_OFFSET
-        ),
+        ("Payload record header", "body_size", payload::PAY_BODY_SIZE_OFFSET),
+        ("Payload record header", "node_index", payload::PAY_NODE_INDEX_OFFSET),
         ("Payload record header", "crc32", payload::PAY_CRC_OFFSET),
         ("WAL header", "magic", wal::WALH_MAGIC_OFFSET),
         ("WAL header", "version", wal::WALH_VERSION_OFFSET),
@@ -250,27 +215,15 @@ fn size_constants() -> Vec<(&'static str, &'static str, usize)> {
         ),
         ("Tree entry", "name", manifest::TREE_NAME_MAX_BYTES),
         ("Node row", "external_id", row::EXTERNAL_ID_MAX_BYTES),
-        (
-            "Node row",
-            "crc32",
-            row::ROW_SIZE_BYTES - row::ROW_CRC_OFFSET,
-        ),
-        (
-            "Payload record header",
-            "magic",
-            payload::PAYLOAD_MAGIC.len(),
-        ),
+        ("Node row", "crc32", row::ROW_SIZE_BYTES - row::ROW_CRC_OFFSET),
+        ("Payload record header", "magic", payload::PAYLOAD_MAGIC.len()),
         (
             "Payload record header",
             "crc32",
             payload::PAYLOAD_HEADER_SIZE_BYTES - payload::PAY_CRC_OFFSET,
         ),
         ("WAL header", "magic", wal::WAL_MAGIC.len()),
-        (
-            "WAL header",
-            "crc32",
-            wal::WAL_HEADER_SIZE_BYTES - wal::WALH_CRC_OFFSET,
-        ),
+        ("WAL header", "crc32", wal::WAL_HEADER_SIZE_BYTES - wal::WALH_CRC_OFFSET),
     ]
 }
 
@@ -327,12 +280,7 @@ fn tables_tile_their_structures() {
             .unwrap_or_else(|| panic!("FORMAT.md has no `### Table: {name}`"));
         let mut at = 0usize;
         for r in rows {
-            assert!(
-                r.size > 0,
-                "FORMAT.md:{}: `{name}`.`{}` has size 0",
-                r.line,
-                r.field
-            );
+            assert!(r.size > 0, "FORMAT.md:{}: `{name}`.`{}` has size 0", r.line, r.field);
             assert_eq!(
                 r.offset, at,
                 "FORMAT.md:{}: `{name}`.`{}` starts at {} but the previous row ends at {at}",
@@ -418,13 +366,9 @@ fn offsets_match_code_constants() {
 /// Every `pub const *_OFFSET` in `src/format/` must be in `offset_constants`.
 #[test]
 fn every_offset_constant_is_documented() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("src")
-        .join("format");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src").join("format");
     let mut in_source = BTreeSet::new();
-    for entry in
-        std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
-    {
+    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display())) {
         let path = entry.unwrap().path();
         if path.extension().and_then(|e| e.to_str()) != Some("rs") {
             continue;
@@ -443,10 +387,7 @@ fn every_offset_constant_is_documented() {
             }
         }
     }
-    let listed: BTreeSet<String> = offset_constants()
-        .iter()
-        .map(|(_, _, c, _)| c.to_string())
-        .collect();
+    let listed: BTreeSet<String> = offset_constants().iter().map(|(_, _, c, _)| c.to_string()).collect();
     let missing: Vec<_> = in_source.difference(&listed).collect();
     assert!(
         missing.is_empty(),
@@ -502,8 +443,7 @@ fn magics_and_version_are_documented() {
     for table in ["Manifest", "WAL header"] {
         let r = field(&tables, table, "version");
         assert!(
-            r.constraint
-                .contains(&format!("= {}", format::FORMAT_VERSION)),
+            r.constraint.contains(&format!("= {}", format::FORMAT_VERSION)),
             "FORMAT.md:{}: `{table}`.`version` should be = {}",
             r.line,
             format::FORMAT_VERSION
@@ -511,8 +451,7 @@ fn magics_and_version_are_documented() {
     }
     let r = field(&tables, "Manifest", "size_bytes");
     assert!(
-        r.constraint
-            .contains(&format!("= {}", manifest::MANIFEST_SIZE_BYTES)),
+        r.constraint.contains(&format!("= {}", manifest::MANIFEST_SIZE_BYTES)),
         "FORMAT.md:{}",
         r.line
     );
@@ -533,10 +472,7 @@ fn documented_constants_hold() {
     assert_eq!(manifest::TREE_NAME_MAX_BYTES, 40);
     assert_eq!(wal::MAX_RECORD_BODY_BYTES, 67_108_864);
     assert!(text.contains("67,108,864"));
-    assert_eq!(
-        (wal::RECORD_KIND_TXN, wal::OP_PUT_NODE, wal::OP_PUT_ROW),
-        (1, 1, 2)
-    );
+    assert_eq!((wal::RECORD_KIND_TXN, wal::OP_PUT_NODE, wal::OP_PUT_ROW), (1, 1, 2));
     assert_eq!(payload::ZSTD_LEVEL, 3);
     // Row flag bits as listed in the flags table.
     assert_eq!(

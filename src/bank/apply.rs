@@ -40,12 +40,7 @@ impl Bank {
         Ok(mark)
     }
 
-    fn check_new_node(
-        &self,
-        row: &Row,
-        vector: &[f32],
-        payload_record: &[u8],
-    ) -> Result<(), BankError> {
+    fn check_new_node(&self, row: &Row, vector: &[f32], payload_record: &[u8]) -> Result<(), BankError> {
         let bad = |detail: String| {
             Err(BankError::Corrupt {
                 file: "WAL op".into(),
@@ -55,21 +50,14 @@ impl Bank {
         };
         let next = self.overlay.total_count();
         if row.index != next {
-            return bad(format!(
-                "new node has index {} where {next} was next",
-                row.index
-            ));
+            return bad(format!("new node has index {} where {next} was next", row.index));
         }
         if row.payload_offset_bytes != self.overlay.payload_end_bytes
             || row.payload_size_bytes as usize != payload_record.len()
         {
-            return bad(format!(
-                "node {next}: payload location does not follow the log end"
-            ));
+            return bad(format!("node {next}: payload location does not follow the log end"));
         }
-        if vector.len() != self.manifest.dim_count as usize
-            || vector_crc32(vector) != row.vector_crc32
-        {
+        if vector.len() != self.manifest.dim_count as usize || vector_crc32(vector) != row.vector_crc32 {
             return bad(format!("node {next}: vector length or checksum mismatch"));
         }
         check_record(payload_record, next).map_err(|e| BankError::Corrupt {
@@ -149,11 +137,7 @@ impl Bank {
 
     /// Applies `ops`, logs them as one WAL record and syncs per policy.
     /// Returns the record's LSN. Any I/O failure poisons the bank.
-    pub(crate) fn commit(
-        &mut self,
-        ops: Vec<WalOp>,
-        policy: Option<SyncPolicy>,
-    ) -> Result<u64, BankError> {
+    pub(crate) fn commit(&mut self, ops: Vec<WalOp>, policy: Option<SyncPolicy>) -> Result<u64, BankError> {
         self.check_writable()?;
         let body = encode_ops(&ops);
         if ops.len() > usize::from(u16::MAX) || body.len() > MAX_RECORD_BODY_BYTES {
@@ -183,13 +167,9 @@ impl Bank {
         let writer = self.writer.as_mut().expect("writer");
         let due = match policy {
             SyncPolicy::Always => true,
-            SyncPolicy::Batch {
-                records,
-                interval_ms,
-            } => {
+            SyncPolicy::Batch { records, interval_ms } => {
                 let pending = writer.wal.next_lsn() - writer.wal.synced_below();
-                pending >= u64::from(records)
-                    || writer.last_sync.elapsed().as_millis() as u64 >= interval_ms
+                pending >= u64::from(records) || writer.last_sync.elapsed().as_millis() as u64 >= interval_ms
             }
             SyncPolicy::None => false,
         };

@@ -9,13 +9,20 @@ use crate::format::payload::{Payload, decode_record};
 use crate::format::row::{ROW_SIZE_BYTES, Row};
 use crate::format::vector_crc32;
 use crate::storage::{
-    Mapping, OpenMode, PAYLOAD_FILE, Storage, StorageError, StorageFile, table_segment_file,
-    vector_segment_file,
+    Mapping, OpenMode, PAYLOAD_FILE, Storage, StorageError, StorageFile, table_segment_file, vector_segment_file,
 };
 
 pub(crate) struct SegmentMaps {
     pub table: Mapping,
     pub vectors: Mapping,
+}
+
+#[derive(Clone, Default)]
+struct Slot {
+    maps: Option<Arc<SegmentMaps>>,
+    /// Every row and vector of the segment is known good: checked once
+    /// when first mapped, or written by this process's own checkpoint.
+    trusted: bool,
 }
 
 pub(crate) struct Base {
@@ -24,26 +31,41 @@ pub(crate) struct Base {
     pub rows_per_segment: u32,
     pub dim_count: u32,
     pub stride_bytes: u32,
-    segments: RwLock<Vec<Option<Arc<SegmentMaps>>>>,
+    segments: RwLock<Vec<Slot>>,
     payload_file: Mutex<Option<Arc<dyn StorageFile>>>,
+    /// Rows torn by a crashed checkpoint whose WAL image replaces them
+    /// (see `Bank::seed_torn_rows`); the segment check skips them.
+    pub superseded: std::collections::BTreeSet<u32>,
 }
 
 impl Base {
-    pub fn new(
+    pub fn new(storage: Arc<dyn Storage>, node_count: u32, rows_per_segment: u32, dim_count: u32) -> Base {
+        Base::with_trust(storage, node_count, rows_per_segment, dim_count, &[])
+    }
+
+    /// A base whose first segments carry trust over (the writer's own
+    /// checkpoint wrote validated data into them; see `trusted_after`).
+    pub fn with_trust(
         storage: Arc<dyn Storage>,
         node_count: u32,
         rows_per_segment: u32,
         dim_count: u32,
+        trusted: &[bool],
     ) -> Base {
         let segment_count = node_count.div_ceil(rows_per_segment) as usize;
+        let slots = (0..segment_count).map(|i| Slot {
+            maps: None,
+            trusted: trusted.get(i).copied().unwrap_or(false),
+        });
         Base {
             storage,
             node_count,
             rows_per_segment,
             dim_count,
             stride_bytes: crate::format::vector_stride_bytes(dim_count),
-            segments: RwLock::new(vec![None; segment_count]),
+            segments: RwLock::new(slots.collect()),
             payload_file: Mutex::new(None),
+            superseded: Default::default(),
         }
     }
 
@@ -59,24 +81,62 @@ impl Base {
         u64::from(self.rows_per_segment) * u64::from(self.stride_bytes)
     }
 
-    /// The mappings of segment `segment`, mapping it on first use.
+    /// Which segments a checkpoint that grows the bank to `new_count` rows
+    /// may trust: those trusted now, and every segment it creates.
+    pub fn trusted_after(&self, new_count: u32) -> Vec<bool> {
+        let slots = self.segments.read().unwrap();
+        let new_segments = new_count.div_ceil(self.rows_per_segment) as usize;
+        (0..new_segments)
+            .map(|i| slots.get(i).is_none_or(|s| s.trusted))
+            .collect()
+    }
+
+    /// The mappings of segment `segment`, mapped on first use. The first
+    /// use also checks every row and vector checksum in it, unless it is
+    /// trusted: the scan then reads the mapping without checksums, and a
+    /// damaged vector could otherwise silently lose to a worse one.
     pub fn segment(&self, segment: u32) -> Result<Arc<SegmentMaps>, BankError> {
-        if let Some(Some(maps)) = self.segments.read().unwrap().get(segment as usize) {
+        if let Some(Slot { maps: Some(maps), .. }) = self.segments.read().unwrap().get(segment as usize) {
             return Ok(maps.clone());
         }
-        let maps = Arc::new(SegmentMaps {
-            table: self.map_file(
-                &table_segment_file(segment),
-                self.table_segment_size_bytes(),
-            )?,
-            vectors: self.map_file(
-                &vector_segment_file(segment),
-                self.vector_segment_size_bytes(),
-            )?,
-        });
-        let mut slots = self.segments.write().unwrap();
-        slots[segment as usize] = Some(maps.clone());
+        let maps = self.segment_unverified(segment)?;
+        if !self.segments.read().unwrap()[segment as usize].trusted {
+            self.check_segment(segment, &maps)?;
+        }
+        self.segments.write().unwrap()[segment as usize] = Slot {
+            maps: Some(maps.clone()),
+            trusted: true,
+        };
         Ok(maps)
+    }
+
+    /// Maps a segment without checking it (for `verify`, which reports
+    /// every problem itself).
+    pub fn segment_unverified(&self, segment: u32) -> Result<Arc<SegmentMaps>, BankError> {
+        if let Some(Slot { maps: Some(maps), .. }) = self.segments.read().unwrap().get(segment as usize) {
+            return Ok(maps.clone());
+        }
+        Ok(Arc::new(SegmentMaps {
+            table: self.map_file(&table_segment_file(segment), self.table_segment_size_bytes())?,
+            vectors: self.map_file(&vector_segment_file(segment), self.vector_segment_size_bytes())?,
+        }))
+    }
+
+    fn check_segment(&self, segment: u32, maps: &SegmentMaps) -> Result<(), BankError> {
+        let first = segment * self.rows_per_segment;
+        let last = (first + self.rows_per_segment).min(self.node_count);
+        for index in (first..last).filter(|i| !self.superseded.contains(i)) {
+            let row = self.decode_row(segment, maps, index)?;
+            self.check_vector(&row, bytemuck::cast_slice(&maps.vectors[self.vector_range(index)]))?;
+        }
+        Ok(())
+    }
+
+    fn decode_row(&self, segment: u32, maps: &SegmentMaps, index: u32) -> Result<Row, BankError> {
+        let offset = (index % self.rows_per_segment) as usize * ROW_SIZE_BYTES;
+        Row::decode(&maps.table[offset..offset + ROW_SIZE_BYTES], index).map_err(|e| {
+            StorageError::corrupt(self.storage.describe(&table_segment_file(segment)), offset as u64, e).into()
+        })
     }
 
     fn map_file(&self, name: &str, expected_bytes: u64) -> Result<Mapping, BankError> {
@@ -100,16 +160,13 @@ impl Base {
     pub fn row(&self, index: u32) -> Result<Row, BankError> {
         debug_assert!(index < self.node_count);
         let segment = index / self.rows_per_segment;
-        let maps = self.segment(segment)?;
-        let offset = (index % self.rows_per_segment) as usize * ROW_SIZE_BYTES;
-        Row::decode(&maps.table[offset..offset + ROW_SIZE_BYTES], index).map_err(|e| {
-            StorageError::corrupt(
-                self.storage.describe(&table_segment_file(segment)),
-                offset as u64,
-                e,
-            )
-            .into()
-        })
+        self.decode_row(segment, &*self.segment(segment)?, index)
+    }
+
+    /// As `row`, without checking the rest of its segment (for `verify`).
+    pub fn row_unverified(&self, index: u32) -> Result<Row, BankError> {
+        let segment = index / self.rows_per_segment;
+        self.decode_row(segment, &*self.segment_unverified(segment)?, index)
     }
 
     /// Byte range of row `index`'s vector within its vector segment.
@@ -162,8 +219,7 @@ impl Base {
         };
         // A forged size could ask for gigabytes; no real record is larger
         // than the compressed bound of the payload limit.
-        let limit_bytes =
-            zstd::zstd_safe::compress_bound(crate::format::MAX_PAYLOAD_BYTES) + 64 * 1024;
+        let limit_bytes = zstd::zstd_safe::compress_bound(crate::format::MAX_PAYLOAD_BYTES) + 64 * 1024;
         if row.payload_size_bytes as usize > limit_bytes {
             return Err(BankError::Corrupt {
                 file: desc,
@@ -190,13 +246,7 @@ impl Base {
 
     pub fn payload(&self, row: &Row) -> Result<Payload, BankError> {
         let record = self.payload_record(row)?;
-        decode_record(&record, row.index).map_err(|e| {
-            StorageError::corrupt(
-                self.storage.describe(PAYLOAD_FILE),
-                row.payload_offset_bytes,
-                e,
-            )
-            .into()
-        })
+        decode_record(&record, row.index)
+            .map_err(|e| StorageError::corrupt(self.storage.describe(PAYLOAD_FILE), row.payload_offset_bytes, e).into())
     }
 }

@@ -11,8 +11,8 @@ use crate::format::row::{ROW_SIZE_BYTES, Row};
 use crate::format::wal::WalHeader;
 use crate::storage::wal::WalWriter;
 use crate::storage::{
-    MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, PAYLOAD_FILE, StorageError, StorageFile,
-    replace_atomically, table_segment_file, vector_segment_file,
+    MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, PAYLOAD_FILE, StorageError, StorageFile, replace_atomically,
+    table_segment_file, vector_segment_file,
 };
 
 impl Bank {
@@ -56,12 +56,7 @@ impl Bank {
             wal_salt: super::open::new_salt(self.manifest.wal_salt),
             ..self.manifest.clone()
         };
-        replace_atomically(
-            storage.as_ref(),
-            MANIFEST_FILE,
-            MANIFEST_TMP_FILE,
-            &manifest.encode(),
-        )?;
+        replace_atomically(storage.as_ref(), MANIFEST_FILE, MANIFEST_TMP_FILE, &manifest.encode())?;
         // The new manifest is durable: from here on the old WAL is stale.
         let wal = WalWriter::create(
             storage.as_ref(),
@@ -71,11 +66,13 @@ impl Bank {
             },
         )?;
         let count = manifest.node_count as u32;
-        self.base = Base::new(
+        let trusted = self.base.trusted_after(count);
+        self.base = Base::with_trust(
             storage.clone(),
             count,
             manifest.rows_per_segment,
             manifest.dim_count,
+            &trusted,
         );
         self.overlay = Overlay::new(count, manifest.dim_count, manifest.payload_end_bytes);
         self.manifest = manifest;
@@ -138,21 +135,14 @@ impl<'a> SegmentWriter<'a> {
         }
         let storage = &self.bank.storage;
         let desc = storage.describe(&name);
-        let exists = storage
-            .exists(&name)
-            .map_err(StorageError::io("stat", desc.clone()))?;
+        let exists = storage.exists(&name).map_err(StorageError::io("stat", desc.clone()))?;
         let file = storage
             .open(&name, OpenMode::Create)
             .map_err(StorageError::io("open", desc.clone()))?;
         // Fixed size from birth, so mappings of it never change. A crash
         // can leave a new segment short; no checkpoint refers to it yet.
-        if file
-            .len_bytes()
-            .map_err(StorageError::io("stat", desc.clone()))?
-            != size_bytes
-        {
-            file.set_len(size_bytes)
-                .map_err(StorageError::io("size", desc))?;
+        if file.len_bytes().map_err(StorageError::io("stat", desc.clone()))? != size_bytes {
+            file.set_len(size_bytes).map_err(StorageError::io("size", desc))?;
         }
         self.created |= !exists;
         self.open.insert(name, file.clone());

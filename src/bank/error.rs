@@ -33,10 +33,7 @@ pub enum BankError {
     #[error("scenario text is empty")]
     EmptyScenario,
     #[error("payload is {size_bytes} bytes, the limit is {limit_bytes}")]
-    PayloadTooLarge {
-        size_bytes: usize,
-        limit_bytes: usize,
-    },
+    PayloadTooLarge { size_bytes: usize, limit_bytes: usize },
     #[error("bad external id {id:?}: {detail}")]
     BadExternalId { id: String, detail: String },
     #[error("external id {id:?} is already used by node {existing}")]
@@ -45,9 +42,7 @@ pub enum BankError {
     AlreadyConsolidated { node: u32, root: u32 },
     #[error("node {node} cannot be consolidated: {reason}")]
     NotConsolidatable { node: u32, reason: String },
-    #[error(
-        "transaction of {ops} ops and {size_bytes} bytes exceeds one WAL record (65535 ops, 64 MiB)"
-    )]
+    #[error("transaction of {ops} ops and {size_bytes} bytes exceeds one WAL record (65535 ops, 64 MiB)")]
     TransactionTooLarge { ops: usize, size_bytes: usize },
     #[error("bank is read-only: {0}")]
     ReadOnly(String),

@@ -120,12 +120,10 @@ impl Bank {
     }
 
     pub fn tree_index(&self, name: &str) -> Result<u16, BankError> {
-        self.manifest
-            .tree_index(name)
-            .ok_or_else(|| BankError::UnknownTree {
-                name: name.to_string(),
-                known: self.tree_names().join(", "),
-            })
+        self.manifest.tree_index(name).ok_or_else(|| BankError::UnknownTree {
+            name: name.to_string(),
+            known: self.tree_names().join(", "),
+        })
     }
 
     pub fn tree_name(&self, tree: u16) -> &str {
@@ -195,10 +193,7 @@ impl Bank {
         }
     }
 
-    fn with_external_ids<T>(
-        &self,
-        f: impl FnOnce(&mut HashMap<[u8; 16], u32>) -> T,
-    ) -> Result<T, BankError> {
+    fn with_external_ids<T>(&self, f: impl FnOnce(&mut HashMap<[u8; 16], u32>) -> T) -> Result<T, BankError> {
         let mut slot = self.external_ids.lock().unwrap();
         if slot.is_none() {
             let mut map = HashMap::new();
@@ -237,9 +232,7 @@ impl Bank {
         let mut due = Vec::new();
         for index in 0..self.node_count() {
             let row = self.row(index)?;
-            if tree.is_none_or(|t| t == row.tree)
-                && tree::is_due(&row, self.manifest.consolidate_after)
-            {
+            if tree.is_none_or(|t| t == row.tree) && tree::is_due(&row, self.manifest.consolidate_after) {
                 due.push(index);
             }
         }

@@ -6,9 +6,7 @@ use super::open::now_unix_ms;
 use super::scan::QueryOptions;
 use super::{Bank, BankError, NodeRef, SyncPolicy};
 use crate::format::payload::{Payload, encode_record};
-use crate::format::row::{
-    FLAG_CONSOLIDATED, FLAG_CONSOLIDATED_ROOT, Label, NodeType, Row, encode_external_id,
-};
+use crate::format::row::{FLAG_CONSOLIDATED, FLAG_CONSOLIDATED_ROOT, Label, NodeType, Row, encode_external_id};
 use crate::format::wal::WalOp;
 use crate::format::{MAX_PAYLOAD_BYTES, NODE_NONE, vector_crc32};
 use crate::tree::{self, MatchedNode, Placement};
@@ -72,10 +70,7 @@ pub(crate) fn normalise(embedding: &[f32], dim_count: u32) -> Result<Vec<f32>, B
         });
     }
     if let Some(i) = embedding.iter().position(|x| !x.is_finite()) {
-        return Err(BankError::BadEmbedding(format!(
-            "component {i} is {}",
-            embedding[i]
-        )));
+        return Err(BankError::BadEmbedding(format!("component {i} is {}", embedding[i])));
     }
     let norm = embedding
         .iter()
@@ -87,10 +82,7 @@ pub(crate) fn normalise(embedding: &[f32], dim_count: u32) -> Result<Vec<f32>, B
             "vector norm is {norm}: cannot normalise"
         )));
     }
-    Ok(embedding
-        .iter()
-        .map(|x| (f64::from(*x) / norm) as f32)
-        .collect())
+    Ok(embedding.iter().map(|x| (f64::from(*x) / norm) as f32).collect())
 }
 
 impl Bank {
@@ -99,11 +91,7 @@ impl Bank {
     }
 
     /// Inserts one node; `sync` overrides the bank's policy for this call.
-    pub fn insert_with(
-        &mut self,
-        node: NewNode,
-        sync: Option<SyncPolicy>,
-    ) -> Result<InsertAck, BankError> {
+    pub fn insert_with(&mut self, node: NewNode, sync: Option<SyncPolicy>) -> Result<InsertAck, BankError> {
         self.check_writable()?;
         let tree = self.tree_index(&node.tree)?;
         let vector = normalise(&node.embedding, self.manifest.dim_count)?;
@@ -272,11 +260,7 @@ impl Bank {
     /// Writes the distilled payload of `index`'s chain as a new root and
     /// flags `index` consolidated, atomically (one WAL record). Optimistic:
     /// fails cleanly if `index` was consolidated meanwhile.
-    pub fn consolidate(
-        &mut self,
-        index: u32,
-        fields: BTreeMap<String, String>,
-    ) -> Result<ConsolidateAck, BankError> {
+    pub fn consolidate(&mut self, index: u32, fields: BTreeMap<String, String>) -> Result<ConsolidateAck, BankError> {
         self.check_writable()?;
         let mut source = self.row(index)?;
         if source.is_consolidated() {

@@ -12,8 +12,8 @@ use crate::format::wal::{WalHeader, WalOp, decode_ops};
 use crate::format::{MAX_DIM_COUNT, default_rows_per_segment, vector_stride_bytes};
 use crate::storage::wal::{WalScan, WalWriter, scan};
 use crate::storage::{
-    FileStorage, MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, PAYLOAD_FILE, Storage, StorageError,
-    read_all, replace_atomically,
+    FileStorage, MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, PAYLOAD_FILE, Storage, StorageError, read_all,
+    replace_atomically,
 };
 
 /// Parameters fixed at `init`.
@@ -53,27 +53,44 @@ impl BankConfig {
         }
     }
 
-    fn validate(&self) -> Result<(), BankError> {
+    /// Checks every option and names the bad one; runs before anything
+    /// touches the disk.
+    pub fn validate(&self) -> Result<(), BankError> {
         let bad = |m: String| Err(BankError::BadConfig(m));
         if self.dim_count == 0 || self.dim_count > MAX_DIM_COUNT {
-            return bad(format!(
-                "dimension {} outside 1..={MAX_DIM_COUNT}",
-                self.dim_count
-            ));
+            return bad(format!("--dim {} outside 1..={MAX_DIM_COUNT}", self.dim_count));
         }
         if self.trees.is_empty() || self.trees.len() > MAX_TREES {
-            return bad(format!(
-                "{} trees (allowed 1..={MAX_TREES})",
-                self.trees.len()
-            ));
+            return bad(format!("{} trees (allowed 1..={MAX_TREES})", self.trees.len()));
         }
-        for t in &self.trees {
+        for (i, t) in self.trees.iter().enumerate() {
             if t.name.is_empty() || t.name.len() > TREE_NAME_MAX_BYTES || t.name.contains('\0') {
                 return bad(format!(
                     "tree name {:?} must be 1..={TREE_NAME_MAX_BYTES} bytes",
                     t.name
                 ));
             }
+            if !(t.tau.is_finite() && (-1.0..=1.0).contains(&t.tau)) {
+                return bad(format!("tree {:?}: tau {} outside -1..=1", t.name, t.tau));
+            }
+            if self.trees[..i].iter().any(|o| o.name == t.name) {
+                return bad(format!("tree {:?} given twice", t.name));
+            }
+        }
+        if !(self.eps.is_finite() && self.eps >= 0.0) {
+            return bad(format!("--eps {} must be finite and >= 0", self.eps));
+        }
+        if self.max_depth == 0 {
+            return bad("--max-depth must be at least 1".into());
+        }
+        if self.consolidate_after == 0 {
+            return bad("--consolidate-after must be at least 1".into());
+        }
+        if self.rows_per_segment.is_some_and(|r| r == 0 || r > 1 << 20) {
+            return bad(format!(
+                "rows per segment {:?} outside 1..=1048576",
+                self.rows_per_segment
+            ));
         }
         Ok(())
     }
@@ -123,11 +140,9 @@ impl Bank {
     /// Creates a bank in directory `path` (created if missing, must not
     /// already hold a bank).
     pub fn create_dir(path: impl AsRef<Path>, config: BankConfig) -> Result<Bank, BankError> {
+        config.validate()?; // before the directory exists: a bad config leaves nothing behind
         let path = path.as_ref();
-        std::fs::create_dir_all(path).map_err(StorageError::io(
-            "create directory",
-            path.display().to_string(),
-        ))?;
+        std::fs::create_dir_all(path).map_err(StorageError::io("create directory", path.display().to_string()))?;
         Bank::create(Arc::new(FileStorage::new(path)), config)
     }
 
@@ -168,9 +183,7 @@ impl Bank {
             created_unix_ms: now_unix_ms(),
             trees: config.trees.clone(),
         };
-        manifest
-            .validate()
-            .map_err(|e| BankError::BadConfig(e.to_string()))?;
+        manifest.validate().map_err(|e| BankError::BadConfig(e.to_string()))?;
         let payload = storage
             .open(PAYLOAD_FILE, OpenMode::Create)
             .map_err(StorageError::io("create", storage.describe(PAYLOAD_FILE)))?;
@@ -178,12 +191,7 @@ impl Bank {
             .set_len(0)
             .map_err(StorageError::io("truncate", storage.describe(PAYLOAD_FILE)))?;
         let wal = WalWriter::create(storage.as_ref(), WalHeader { salt, start_lsn: 1 })?;
-        replace_atomically(
-            storage.as_ref(),
-            MANIFEST_FILE,
-            MANIFEST_TMP_FILE,
-            &manifest.encode(),
-        )?;
+        replace_atomically(storage.as_ref(), MANIFEST_FILE, MANIFEST_TMP_FILE, &manifest.encode())?;
         let writer = Writer {
             _lock: lock,
             wal,
@@ -198,12 +206,7 @@ impl Bank {
     fn assemble(storage: Arc<dyn Storage>, manifest: Manifest, writer: Option<Writer>) -> Bank {
         let count = manifest.node_count as u32;
         Bank {
-            base: Base::new(
-                storage.clone(),
-                count,
-                manifest.rows_per_segment,
-                manifest.dim_count,
-            ),
+            base: Base::new(storage.clone(), count, manifest.rows_per_segment, manifest.dim_count),
             overlay: Overlay::new(count, manifest.dim_count, manifest.payload_end_bytes),
             storage,
             manifest,
@@ -222,10 +225,7 @@ impl Bank {
         };
         let (manifest, wal_scan) = read_consistent_state(storage.as_ref(), options.read_only)?;
         if manifest.is_frozen() && !options.read_only {
-            return Err(BankError::ReadOnly(format!(
-                "{} is frozen",
-                storage.describe("")
-            )));
+            return Err(BankError::ReadOnly(format!("{} is frozen", storage.describe(""))));
         }
         let mut bank = Bank::assemble(storage.clone(), manifest, None);
         let stale = wal_scan.header.salt != bank.manifest.wal_salt;
@@ -263,18 +263,10 @@ impl Bank {
     fn replay(&mut self, wal_scan: &WalScan) -> Result<(), BankError> {
         let desc = self.storage.describe(crate::storage::WAL_FILE);
         let mut txns = Vec::new();
-        for record in wal_scan
-            .records
-            .iter()
-            .filter(|r| r.lsn > self.manifest.checkpoint_lsn)
-        {
+        for record in wal_scan.records.iter().filter(|r| r.lsn > self.manifest.checkpoint_lsn) {
             let at = record.offset_bytes + crate::format::wal::RECORD_HEADER_SIZE_BYTES as u64;
-            let ops = decode_ops(
-                wal_scan.body(record),
-                record.op_count,
-                self.manifest.dim_count,
-            )
-            .map_err(|e| StorageError::corrupt(desc.clone(), at, e))?;
+            let ops = decode_ops(wal_scan.body(record), record.op_count, self.manifest.dim_count)
+                .map_err(|e| StorageError::corrupt(desc.clone(), at, e))?;
             txns.push((record, ops));
         }
         self.seed_torn_rows(&txns);
@@ -298,9 +290,10 @@ impl Bank {
             if let WalOp::PutRow { row } = op
                 && row.index < self.base.node_count
                 && !self.overlay.patched.contains_key(&row.index)
-                && self.base.row(row.index).is_err()
+                && self.base.row_unverified(row.index).is_err()
             {
                 self.overlay.patched.insert(row.index, row.clone());
+                self.base.superseded.insert(row.index);
             }
         }
     }
@@ -310,10 +303,7 @@ impl Bank {
 /// (new manifest, then new WAL) and see the old manifest with the new WAL;
 /// the salts then differ, so it reads both again. A writer holds the lock,
 /// so for it a salt mismatch is a real stale WAL left by a crash.
-fn read_consistent_state(
-    storage: &dyn Storage,
-    read_only: bool,
-) -> Result<(Manifest, WalScan), BankError> {
+fn read_consistent_state(storage: &dyn Storage, read_only: bool) -> Result<(Manifest, WalScan), BankError> {
     const ATTEMPTS: u32 = 5;
     let mut attempt = 0;
     loop {

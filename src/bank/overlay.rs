@@ -103,10 +103,7 @@ impl Overlay {
     pub fn rollback(&mut self, mark: Mark) {
         for (index, previous) in mark.undo.into_iter().rev() {
             if index >= self.base_count {
-                if let (Some(prev), Some(slot)) = (
-                    previous,
-                    self.rows.get_mut((index - self.base_count) as usize),
-                ) {
+                if let (Some(prev), Some(slot)) = (previous, self.rows.get_mut((index - self.base_count) as usize)) {
                     *slot = prev;
                 }
             } else {
@@ -118,8 +115,7 @@ impl Overlay {
         }
         self.rows.truncate(mark.rows_len);
         self.payloads.truncate(mark.rows_len);
-        self.vectors
-            .truncate(mark.rows_len * self.dim_count as usize);
+        self.vectors.truncate(mark.rows_len * self.dim_count as usize);
         self.payload_end_bytes = mark.payload_end_bytes;
     }
 }

@@ -5,8 +5,8 @@ use super::mutate::normalise;
 use super::{Bank, BankError};
 use crate::format::get_u16;
 use crate::format::row::{
-    FLAG_CONSOLIDATED, Label, NodeType, ROW_DEPTH_OFFSET, ROW_FLAGS_OFFSET, ROW_LABEL_OFFSET,
-    ROW_SIZE_BYTES, ROW_TREE_OFFSET,
+    FLAG_CONSOLIDATED, Label, NodeType, ROW_DEPTH_OFFSET, ROW_FLAGS_OFFSET, ROW_LABEL_OFFSET, ROW_SIZE_BYTES,
+    ROW_TREE_OFFSET,
 };
 use crate::tree::{Candidate, TopK, penalised_score};
 
@@ -73,12 +73,7 @@ struct ScanParams {
 
 impl Bank {
     /// Top-k failure-penalised matches at or above tau, each with its chain.
-    pub fn query(
-        &self,
-        tree_name: &str,
-        embedding: &[f32],
-        options: &QueryOptions,
-    ) -> Result<Vec<Match>, BankError> {
+    pub fn query(&self, tree_name: &str, embedding: &[f32], options: &QueryOptions) -> Result<Vec<Match>, BankError> {
         let tree = self.tree_index(tree_name)?;
         let query = normalise(embedding, self.manifest.dim_count)?;
         for (name, value) in [("tau", options.tau), ("eps", options.eps)] {
@@ -110,9 +105,7 @@ impl Bank {
     ) -> Result<Vec<Candidate>, BankError> {
         let params = ScanParams {
             tree,
-            tau: options
-                .tau
-                .unwrap_or(self.manifest.trees[usize::from(tree)].tau),
+            tau: options.tau.unwrap_or(self.manifest.trees[usize::from(tree)].tau),
             eps: options.eps.unwrap_or(self.manifest.eps),
             include_consolidated: options.include_consolidated,
         };
@@ -185,8 +178,7 @@ impl Bank {
             if row.tree != p.tree || (!p.include_consolidated && row.is_consolidated()) {
                 continue;
             }
-            let score =
-                penalised_score(dot(query, self.overlay.vector(row.index)), row.label, p.eps);
+            let score = penalised_score(dot(query, self.overlay.vector(row.index)), row.label, p.eps);
             if score >= p.tau && top.admits(score) {
                 top.push(Candidate {
                     index: row.index,

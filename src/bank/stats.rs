@@ -63,12 +63,8 @@ impl Bank {
             }
             t.consolidated += u64::from(row.is_consolidated());
             t.consolidated_roots += u64::from(row.is_consolidated_root());
-            t.due_for_consolidation +=
-                u64::from(tree::is_due(&row, self.manifest.consolidate_after));
-            if let Some(slot) = t
-                .depth_histogram
-                .get_mut(usize::from(row.depth).saturating_sub(1))
-            {
+            t.due_for_consolidation += u64::from(tree::is_due(&row, self.manifest.consolidate_after));
+            if let Some(slot) = t.depth_histogram.get_mut(usize::from(row.depth).saturating_sub(1)) {
                 *slot += 1;
             }
         }

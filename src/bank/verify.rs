@@ -6,9 +6,7 @@ use crate::format::payload::decode_record;
 use crate::format::row::{NodeType, ROW_SIZE_BYTES, Row};
 use crate::format::{NODE_NONE, vector_crc32};
 use crate::storage::wal::scan;
-use crate::storage::{
-    OpenMode, PAYLOAD_FILE, StorageError, WAL_FILE, table_segment_file, vector_segment_file,
-};
+use crate::storage::{OpenMode, PAYLOAD_FILE, StorageError, WAL_FILE, table_segment_file, vector_segment_file};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Problem {
@@ -44,7 +42,7 @@ impl VerifyReport {
         }
     }
 
-    fn add_error(&mut self, e: BankError) {
+    fn add_error(&mut self, bank_dir: &str, e: BankError) {
         match e {
             BankError::Corrupt {
                 file,
@@ -56,7 +54,7 @@ impl VerifyReport {
                 offset_bytes,
                 source,
             }) => self.add(file, offset_bytes, source.to_string()),
-            other => self.add(String::new(), 0, other.to_string()),
+            other => self.add(bank_dir.to_string(), 0, other.to_string()),
         }
     }
 }
@@ -68,7 +66,7 @@ impl Bank {
         let mut expected_payload_offset = 0u64;
         for index in 0..self.base.node_count {
             report.nodes_checked += 1;
-            match self.base.row(index) {
+            match self.base.row_unverified(index) {
                 Ok(row) => {
                     if row.payload_offset_bytes != expected_payload_offset {
                         let desc = self
@@ -77,24 +75,20 @@ impl Bank {
                         report.add(
                             desc,
                             row_offset(self, index),
-                            format!(
-                                "node {index}: payload record not contiguous with the previous one"
-                            ),
+                            format!("node {index}: payload record not contiguous with the previous one"),
                         );
                     }
-                    expected_payload_offset =
-                        row.payload_offset_bytes + u64::from(row.payload_size_bytes);
+                    expected_payload_offset = row.payload_offset_bytes + u64::from(row.payload_size_bytes);
                     self.verify_node(&row, &mut report);
                 }
                 // A row torn by a crashed checkpoint is superseded by its
                 // WAL image and rewritten by the next checkpoint.
                 Err(_) if self.overlay.patched.contains_key(&index) => {
-                    expected_payload_offset =
-                        self.row(index).map_or(expected_payload_offset, |r| {
-                            r.payload_offset_bytes + u64::from(r.payload_size_bytes)
-                        });
+                    expected_payload_offset = self.row(index).map_or(expected_payload_offset, |r| {
+                        r.payload_offset_bytes + u64::from(r.payload_size_bytes)
+                    });
                 }
-                Err(e) => report.add_error(e),
+                Err(e) => report.add_error(&self.storage.describe(""), e),
             }
         }
         if expected_payload_offset != self.manifest.payload_end_bytes && report.is_ok() {
@@ -108,7 +102,7 @@ impl Bank {
         for index in self.base.node_count..self.node_count() {
             report.nodes_checked += 1;
             if let Err(e) = self.check_links(&self.row(index)?) {
-                report.add_error(e);
+                report.add_error(&self.storage.describe(""), e);
             }
         }
         Ok(report)
@@ -133,11 +127,11 @@ impl Bank {
     /// Row shape, links, vector checksum and norm, padding, payload record.
     fn verify_node(&self, row: &Row, report: &mut VerifyReport) {
         if let Err(e) = self.check_links(row) {
-            report.add_error(e);
+            report.add_error(&self.storage.describe(""), e);
         }
         let segment = row.index / self.base.rows_per_segment;
         let vec_desc = self.storage.describe(&vector_segment_file(segment));
-        match self.base.segment(segment) {
+        match self.base.segment_unverified(segment) {
             Ok(maps) => {
                 let range = self.base.vector_range(row.index);
                 let v: Vec<f32> = bytemuck::pod_collect_to_vec(&maps.vectors[range.clone()]);
@@ -158,10 +152,7 @@ impl Bank {
                     }
                 }
                 let pad_end = range.start + self.base.stride_bytes as usize;
-                if let Some(at) = maps.vectors[range.end..pad_end]
-                    .iter()
-                    .position(|&b| b != 0)
-                {
+                if let Some(at) = maps.vectors[range.end..pad_end].iter().position(|&b| b != 0) {
                     report.add(
                         vec_desc,
                         (range.end + at) as u64,
@@ -169,7 +160,7 @@ impl Bank {
                     );
                 }
             }
-            Err(e) => report.add_error(e),
+            Err(e) => report.add_error(&self.storage.describe(""), e),
         }
         match self.base.payload_record(row) {
             Ok(record) => {
@@ -181,7 +172,7 @@ impl Bank {
                     );
                 }
             }
-            Err(e) => report.add_error(e),
+            Err(e) => report.add_error(&self.storage.describe(""), e),
         }
     }
 
@@ -198,10 +189,7 @@ impl Bank {
             })
         };
         if usize::from(row.tree) >= self.manifest.trees.len() {
-            return bad(format!(
-                "node {}: tree {} does not exist",
-                row.index, row.tree
-            ));
+            return bad(format!("node {}: tree {} does not exist", row.index, row.tree));
         }
         match (row.parent(), row.node_type) {
             (None, NodeType::Root) if row.depth == 1 => {}
@@ -239,8 +227,7 @@ impl Bank {
             } else {
                 self.row(row.link)?
             };
-            if other.link != row.index || other.is_consolidated_root() == row.is_consolidated_root()
-            {
+            if other.link != row.index || other.is_consolidated_root() == row.is_consolidated_root() {
                 return bad(format!(
                     "node {}: consolidation link to {} is not mutual",
                     row.index, row.link
@@ -258,14 +245,10 @@ impl Bank {
         let payload = self
             .storage
             .open(PAYLOAD_FILE, OpenMode::Read)
-            .map_err(StorageError::io(
-                "open",
-                self.storage.describe(PAYLOAD_FILE),
-            ))?;
-        let len = payload.len_bytes().map_err(StorageError::io(
-            "stat",
-            self.storage.describe(PAYLOAD_FILE),
-        ))?;
+            .map_err(StorageError::io("open", self.storage.describe(PAYLOAD_FILE)))?;
+        let len = payload
+            .len_bytes()
+            .map_err(StorageError::io("stat", self.storage.describe(PAYLOAD_FILE)))?;
         if len < self.manifest.payload_end_bytes {
             report.add(
                 self.storage.describe(PAYLOAD_FILE),
@@ -282,14 +265,10 @@ impl Bank {
             return Ok(());
         }
         let segment = count / rps;
-        let maps = self.base.segment(segment)?;
+        let maps = self.base.segment_unverified(segment)?;
         let used_rows = (count % rps) as usize;
         let checks = [
-            (
-                table_segment_file(segment),
-                &maps.table[..],
-                used_rows * ROW_SIZE_BYTES,
-            ),
+            (table_segment_file(segment), &maps.table[..], used_rows * ROW_SIZE_BYTES),
             (
                 vector_segment_file(segment),
                 &maps.vectors[..],

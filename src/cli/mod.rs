@@ -72,8 +72,13 @@ pub fn open_read(path: &Path) -> anyhow::Result<Bank> {
 
 /// Opens a bank as its single writer.
 pub fn open_write(path: &Path) -> anyhow::Result<Bank> {
-    Bank::open_dir(path, OpenOptions::default())
-        .with_context(|| format!("cannot open {} for writing", path.display()))
+    Bank::open_dir(path, OpenOptions::default()).with_context(|| format!("cannot open {} for writing", path.display()))
+}
+
+/// Looks a node up, naming the bank if it is not there.
+pub fn resolve(bank: &Bank, node: &NodeArg, path: &Path) -> anyhow::Result<u32> {
+    bank.resolve(&node.0)
+        .with_context(|| format!("looking up a node in {}", path.display()))
 }
 
 /// Closes a writer, making everything durable (checkpoint), with context.
@@ -119,8 +124,13 @@ pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
+/// Prints human-readable text plus a newline. Unlike `println!`, a closed
+/// stdout (`deltamem demo | head`) becomes an error instead of a panic.
+pub fn emit(text: impl std::fmt::Display) -> anyhow::Result<()> {
+    writeln!(io::stdout(), "{text}").context("cannot write to stdout")
+}
+
 /// Stdout, buffered: commands flush it where a reader is waiting.
 pub fn stdout() -> io::BufWriter<io::StdoutLock<'static>> {
     io::BufWriter::new(io::stdout().lock())
 }
-

@@ -68,10 +68,7 @@ impl Manifest {
     }
 
     pub fn tree_index(&self, name: &str) -> Option<u16> {
-        self.trees
-            .iter()
-            .position(|t| t.name == name)
-            .map(|i| i as u16)
+        self.trees.iter().position(|t| t.name == name).map(|i| i as u16)
     }
 
     pub fn encode(&self) -> [u8; MANIFEST_SIZE_BYTES] {
@@ -185,10 +182,7 @@ impl Manifest {
         if self.row_stride_bytes != vector_stride_bytes(self.dim_count) {
             return bad(
                 MAN_STRIDE_OFFSET,
-                format!(
-                    "row stride {} does not match dimension",
-                    self.row_stride_bytes
-                ),
+                format!("row stride {} does not match dimension", self.row_stride_bytes),
             );
         }
         if self.rows_per_segment == 0 || self.rows_per_segment > 1 << 20 {
@@ -207,10 +201,7 @@ impl Manifest {
             return bad(MAN_CONSOLIDATE_AFTER_OFFSET, "consolidate-after 0".into());
         }
         if self.node_count >= u64::from(NODE_NONE) {
-            return bad(
-                MAN_NODE_COUNT_OFFSET,
-                format!("node count {}", self.node_count),
-            );
+            return bad(MAN_NODE_COUNT_OFFSET, format!("node count {}", self.node_count));
         }
         if self.trees.is_empty() {
             return bad(MAN_TREE_COUNT_OFFSET, "no trees".into());
@@ -218,10 +209,7 @@ impl Manifest {
         for (i, tree) in self.trees.iter().enumerate() {
             let at = MAN_TREES_OFFSET + i * TREE_ENTRY_SIZE_BYTES;
             if !(tree.tau.is_finite() && (-1.0..=1.0).contains(&tree.tau)) {
-                return bad(
-                    at + TREE_TAU_OFFSET,
-                    format!("tree {:?} tau {}", tree.name, tree.tau),
-                );
+                return bad(at + TREE_TAU_OFFSET, format!("tree {:?} tau {}", tree.name, tree.tau));
             }
             if self.trees[..i].iter().any(|t| t.name == tree.name) {
                 return bad(at, format!("duplicate tree name {:?}", tree.name));
@@ -244,16 +232,9 @@ fn decode_trees(b: &[u8]) -> Result<Vec<TreeSpec>, FormatError> {
     for i in 0..count {
         let at = MAN_TREES_OFFSET + i * TREE_ENTRY_SIZE_BYTES;
         let raw = &b[at..at + TREE_NAME_MAX_BYTES];
-        let len = raw
-            .iter()
-            .position(|&c| c == 0)
-            .unwrap_or(TREE_NAME_MAX_BYTES);
+        let len = raw.iter().position(|&c| c == 0).unwrap_or(TREE_NAME_MAX_BYTES);
         check_zero(WHAT, b, at + len..at + TREE_NAME_MAX_BYTES)?;
-        check_zero(
-            WHAT,
-            b,
-            at + TREE_TAU_OFFSET + 4..at + TREE_ENTRY_SIZE_BYTES,
-        )?;
+        check_zero(WHAT, b, at + TREE_TAU_OFFSET + 4..at + TREE_ENTRY_SIZE_BYTES)?;
         let name = std::str::from_utf8(&raw[..len]).map_err(|_| FormatError::Invalid {
             what: WHAT,
             offset_bytes: at as u64,
@@ -319,10 +300,7 @@ mod tests {
             for bit in 0..8 {
                 let mut b = good;
                 b[byte] ^= 1 << bit;
-                assert!(
-                    Manifest::decode(&b).is_err(),
-                    "flip at byte {byte} bit {bit} accepted"
-                );
+                assert!(Manifest::decode(&b).is_err(), "flip at byte {byte} bit {bit} accepted");
             }
         }
     }
@@ -332,9 +310,6 @@ mod tests {
         let mut b = sample().encode();
         put_u32(&mut b, MAN_VERSION_OFFSET, 2);
         let err = Manifest::decode(&b).unwrap_err();
-        assert!(
-            matches!(err, FormatError::UnsupportedVersion { found: 2, .. }),
-            "{err}"
-        );
+        assert!(matches!(err, FormatError::UnsupportedVersion { found: 2, .. }), "{err}");
     }
 }

@@ -17,19 +17,14 @@ use thiserror::Error;
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum FormatError {
     #[error("{what}: bad magic at offset {offset_bytes} (not a deltamem file?)")]
-    BadMagic {
-        what: &'static str,
-        offset_bytes: u64,
-    },
+    BadMagic { what: &'static str, offset_bytes: u64 },
     #[error("{what}: unsupported format version {found} (this build reads version {supported})")]
     UnsupportedVersion {
         what: &'static str,
         found: u32,
         supported: u32,
     },
-    #[error(
-        "{what}: checksum mismatch at offset {offset_bytes} (stored {stored:#010x}, computed {computed:#010x})"
-    )]
+    #[error("{what}: checksum mismatch at offset {offset_bytes} (stored {stored:#010x}, computed {computed:#010x})")]
     Checksum {
         what: &'static str,
         offset_bytes: u64,
@@ -154,11 +149,7 @@ pub(crate) fn need(what: &'static str, buf: &[u8], need_bytes: usize) -> Result<
 
 /// Reserved bytes must be zero: a non-zero reserved byte under a valid CRC
 /// means a layout this build does not know, which must not be misread.
-pub(crate) fn check_zero(
-    what: &'static str,
-    buf: &[u8],
-    range: std::ops::Range<usize>,
-) -> Result<(), FormatError> {
+pub(crate) fn check_zero(what: &'static str, buf: &[u8], range: std::ops::Range<usize>) -> Result<(), FormatError> {
     match buf[range.clone()].iter().position(|&b| b != 0) {
         None => Ok(()),
         Some(at) => Err(FormatError::Invalid {
@@ -170,12 +161,7 @@ pub(crate) fn check_zero(
 }
 
 /// Verifies a trailing or embedded CRC field.
-pub(crate) fn check_crc(
-    what: &'static str,
-    offset_bytes: u64,
-    stored: u32,
-    computed: u32,
-) -> Result<(), FormatError> {
+pub(crate) fn check_crc(what: &'static str, offset_bytes: u64, stored: u32, computed: u32) -> Result<(), FormatError> {
     if stored != computed {
         return Err(FormatError::Checksum {
             what,

@@ -34,20 +34,14 @@ pub struct Payload {
 impl Payload {
     /// Uncompressed size in bytes, as limited by `MAX_PAYLOAD_BYTES`.
     pub fn size_bytes(&self) -> usize {
-        self.scenario.len()
-            + self
-                .fields
-                .iter()
-                .map(|(k, v)| k.len() + v.len())
-                .sum::<usize>()
+        self.scenario.len() + self.fields.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
     }
 }
 
 /// Encodes a full record (header + compressed body) for node `node_index`.
 pub fn encode_record(node_index: u32, payload: &Payload) -> Vec<u8> {
     let plain = postcard::to_stdvec(payload).expect("postcard encoding of strings cannot fail");
-    let body =
-        zstd::bulk::compress(&plain, ZSTD_LEVEL).expect("zstd compression of an in-memory buffer");
+    let body = zstd::bulk::compress(&plain, ZSTD_LEVEL).expect("zstd compression of an in-memory buffer");
     let mut out = vec![0u8; PAYLOAD_HEADER_SIZE_BYTES + body.len()];
     out[..4].copy_from_slice(&PAYLOAD_MAGIC);
     put_u32(&mut out, PAY_BODY_SIZE_OFFSET, body.len() as u32);
@@ -79,10 +73,7 @@ pub fn check_record(record: &[u8], node_index: u32) -> Result<(), FormatError> {
         return Err(FormatError::Invalid {
             what: WHAT,
             offset_bytes: PAY_BODY_SIZE_OFFSET as u64,
-            detail: format!(
-                "body size {body_size} does not match record size {}",
-                record.len()
-            ),
+            detail: format!("body size {body_size} does not match record size {}", record.len()),
         });
     }
     check_crc(
@@ -127,10 +118,7 @@ mod tests {
 
     fn sample() -> Payload {
         let mut fields = BTreeMap::new();
-        fields.insert(
-            "activation_condition".into(),
-            "when the stove is off".into(),
-        );
+        fields.insert("activation_condition".into(), "when the stove is off".into());
         fields.insert(
             "execution_procedure".into(),
             "1. go to kitchen\n2. activate stove".repeat(20),
@@ -145,12 +133,7 @@ mod tests {
     fn roundtrip_and_compresses() {
         let p = sample();
         let rec = encode_record(5, &p);
-        assert!(
-            rec.len() < p.size_bytes(),
-            "{} vs {}",
-            rec.len(),
-            p.size_bytes()
-        );
+        assert!(rec.len() < p.size_bytes(), "{} vs {}", rec.len(), p.size_bytes());
         assert_eq!(decode_record(&rec, 5).unwrap(), p);
     }
 

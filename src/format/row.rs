@@ -132,8 +132,7 @@ impl Row {
         put_u64(&mut b, ROW_PAYLOAD_OFFSET_OFFSET, self.payload_offset_bytes);
         put_u32(&mut b, ROW_PAYLOAD_SIZE_OFFSET, self.payload_size_bytes);
         put_u64(&mut b, ROW_CREATED_OFFSET, self.created_unix_ms);
-        b[ROW_EXTERNAL_ID_OFFSET..ROW_EXTERNAL_ID_OFFSET + EXTERNAL_ID_MAX_BYTES]
-            .copy_from_slice(&self.external_id);
+        b[ROW_EXTERNAL_ID_OFFSET..ROW_EXTERNAL_ID_OFFSET + EXTERNAL_ID_MAX_BYTES].copy_from_slice(&self.external_id);
         let crc = crc32(&b[..ROW_CRC_OFFSET]);
         put_u32(&mut b, ROW_CRC_OFFSET, crc);
         b
@@ -173,18 +172,13 @@ impl Row {
         };
         let flags = b[ROW_FLAGS_OFFSET];
         if flags & !KNOWN_FLAGS != 0 {
-            return Err(invalid(
-                ROW_FLAGS_OFFSET,
-                format!("unknown flags {flags:#04x}"),
-            ));
+            return Err(invalid(ROW_FLAGS_OFFSET, format!("unknown flags {flags:#04x}")));
         }
         for reserved in [14..16, 44..48, 72..ROW_CRC_OFFSET] {
             check_zero(WHAT, b, reserved)?;
         }
         let mut external_id = [0u8; EXTERNAL_ID_MAX_BYTES];
-        external_id.copy_from_slice(
-            &b[ROW_EXTERNAL_ID_OFFSET..ROW_EXTERNAL_ID_OFFSET + EXTERNAL_ID_MAX_BYTES],
-        );
+        external_id.copy_from_slice(&b[ROW_EXTERNAL_ID_OFFSET..ROW_EXTERNAL_ID_OFFSET + EXTERNAL_ID_MAX_BYTES]);
         Ok(Row {
             index,
             parent: get_u32(b, ROW_PARENT_OFFSET),
@@ -275,8 +269,7 @@ mod tests {
     use super::*;
 
     fn sample() -> Row {
-        let (external_id, idflags) =
-            encode_external_id("15322d79-189f-4d8b-a672-ea78630c3370").unwrap();
+        let (external_id, idflags) = encode_external_id("15322d79-189f-4d8b-a672-ea78630c3370").unwrap();
         Row {
             index: 9,
             parent: 4,
@@ -301,10 +294,7 @@ mod tests {
         let r = sample();
         let d = Row::decode(&r.encode(), 9).unwrap();
         assert_eq!(d, r);
-        assert_eq!(
-            d.external_id_text().unwrap(),
-            "15322d79-189f-4d8b-a672-ea78630c3370"
-        );
+        assert_eq!(d.external_id_text().unwrap(), "15322d79-189f-4d8b-a672-ea78630c3370");
     }
 
     #[test]

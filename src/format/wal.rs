@@ -141,10 +141,7 @@ pub fn decode_ops(body: &[u8], op_count: u16, dim_count: u32) -> Result<Vec<WalO
         let op_header = take(at, OP_HEADER_SIZE_BYTES)?;
         let kind = op_header[0];
         if op_header[1..] != [0, 0, 0] {
-            return Err(invalid(
-                at + 1,
-                "reserved op header bytes are not zero".into(),
-            ));
+            return Err(invalid(at + 1, "reserved op header bytes are not zero".into()));
         }
         at += OP_HEADER_SIZE_BYTES;
         let row_bytes = take(at, ROW_SIZE_BYTES)?;
@@ -229,23 +226,14 @@ pub fn decode_record_header(b: &[u8]) -> Result<RecordHeader, FormatError> {
 }
 
 /// Verifies a whole record (header + body) against the chain.
-pub fn verify_record(
-    prev_crc: u32,
-    expected_lsn: u64,
-    record: &[u8],
-) -> Result<RecordHeader, FormatError> {
+pub fn verify_record(prev_crc: u32, expected_lsn: u64, record: &[u8]) -> Result<RecordHeader, FormatError> {
     let h = decode_record_header(record)?;
     need(
         WHAT_RECORD,
         record,
         RECORD_HEADER_SIZE_BYTES + h.body_size_bytes as usize,
     )?;
-    check_crc(
-        WHAT_RECORD,
-        REC_CRC_OFFSET as u64,
-        h.crc,
-        chained_crc(prev_crc, record),
-    )?;
+    check_crc(WHAT_RECORD, REC_CRC_OFFSET as u64, h.crc, chained_crc(prev_crc, record))?;
     if h.lsn != expected_lsn {
         return Err(FormatError::Invalid {
             what: WHAT_RECORD,

@@ -68,13 +68,7 @@ impl StorageFile for CountingFile {
         self.inner.sync_data()
     }
     fn map(&self) -> io::Result<Mapping> {
-        *self
-            .counts
-            .lock()
-            .unwrap()
-            .maps
-            .entry(self.name.clone())
-            .or_default() += 1;
+        *self.counts.lock().unwrap().maps.entry(self.name.clone()).or_default() += 1;
         self.inner.map()
     }
 }

@@ -65,9 +65,7 @@ impl StorageFile for MemFile {
     fn read_exact_at(&self, buf: &mut [u8], offset_bytes: u64) -> io::Result<()> {
         let data = self.bytes.lock().unwrap();
         let start = usize::try_from(offset_bytes).map_err(|_| io::ErrorKind::UnexpectedEof)?;
-        let end = start
-            .checked_add(buf.len())
-            .ok_or(io::ErrorKind::UnexpectedEof)?;
+        let end = start.checked_add(buf.len()).ok_or(io::ErrorKind::UnexpectedEof)?;
         let src = data.get(start..end).ok_or(io::ErrorKind::UnexpectedEof)?;
         buf.copy_from_slice(src);
         Ok(())
@@ -129,10 +127,7 @@ impl Storage for MemStorage {
             (Some(b), _) => b.clone(),
             (None, OpenMode::Create) => files.entry(name.to_string()).or_default().clone(),
             (None, _) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::NotFound,
-                    format!("{name} not found"),
-                ));
+                return Err(io::Error::new(io::ErrorKind::NotFound, format!("{name} not found")));
             }
         };
         Ok(Arc::new(MemFile {

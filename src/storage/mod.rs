@@ -60,11 +60,7 @@ impl StorageError {
     }
 
     /// Wraps a decode error found at `base_offset_bytes` within `file`.
-    pub fn corrupt(
-        file: impl Into<String>,
-        base_offset_bytes: u64,
-        source: FormatError,
-    ) -> StorageError {
+    pub fn corrupt(file: impl Into<String>, base_offset_bytes: u64, source: FormatError) -> StorageError {
         let offset_bytes = base_offset_bytes + source.offset_bytes();
         StorageError::Corrupt {
             file: file.into(),
@@ -153,18 +149,12 @@ pub fn read_all(storage: &dyn Storage, name: &str) -> Result<Vec<u8>, StorageErr
 
 /// Writes `bytes` as the new content of `name` atomically: temp file,
 /// fsync, rename, directory fsync. A crash leaves the old or the new file.
-pub fn replace_atomically(
-    storage: &dyn Storage,
-    name: &str,
-    tmp: &str,
-    bytes: &[u8],
-) -> Result<(), StorageError> {
+pub fn replace_atomically(storage: &dyn Storage, name: &str, tmp: &str, bytes: &[u8]) -> Result<(), StorageError> {
     let desc = storage.describe(tmp);
     let file = storage
         .open(tmp, OpenMode::Create)
         .map_err(StorageError::io("create", desc.clone()))?;
-    file.set_len(0)
-        .map_err(StorageError::io("truncate", desc.clone()))?;
+    file.set_len(0).map_err(StorageError::io("truncate", desc.clone()))?;
     file.write_all_at(bytes, 0)
         .map_err(StorageError::io("write", desc.clone()))?;
     file.sync_data().map_err(StorageError::io("fsync", desc))?;

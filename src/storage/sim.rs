@@ -252,19 +252,11 @@ impl SimStorage {
     /// Current bytes of a file (for corruption tests).
     pub fn file_bytes(&self, name: &str) -> Option<Vec<u8>> {
         let s = self.state.lock().unwrap();
-        s.dir_volatile
-            .get(name)
-            .map(|&i| s.inodes[i].volatile.clone())
+        s.dir_volatile.get(name).map(|&i| s.inodes[i].volatile.clone())
     }
 
     pub fn file_names(&self) -> Vec<String> {
-        self.state
-            .lock()
-            .unwrap()
-            .dir_volatile
-            .keys()
-            .cloned()
-            .collect()
+        self.state.lock().unwrap().dir_volatile.keys().cloned().collect()
     }
 
     /// Overwrites a file's bytes durably (for corruption tests).
@@ -300,10 +292,7 @@ impl MappedBytes for Snapshot {
 impl SimFile {
     fn mutate(&self, what: &str, change: Pending) -> io::Result<()> {
         if !self.writable {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                "file opened read only",
-            ));
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "file opened read only"));
         }
         let mut s = self.state.lock().unwrap();
         if s.begin(what)?.is_some() {
@@ -397,10 +386,7 @@ impl Storage for SimStorage {
                 i
             }
             (None, _) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::NotFound,
-                    format!("{name} not found"),
-                ));
+                return Err(io::Error::new(io::ErrorKind::NotFound, format!("{name} not found")));
             }
         };
         Ok(Arc::new(SimFile {
@@ -520,10 +506,7 @@ mod tests {
         assert!(f.sync_data().is_err());
         f.sync_data().unwrap(); // "succeeds", but the data never got there
         assert_eq!(s.file_bytes("a").unwrap(), b"new");
-        assert_eq!(
-            s.crash_image(Loss::LoseUnsynced).file_bytes("a").unwrap(),
-            b"old"
-        );
+        assert_eq!(s.crash_image(Loss::LoseUnsynced).file_bytes("a").unwrap(), b"old");
     }
 
     #[test]

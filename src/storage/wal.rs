@@ -4,12 +4,10 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::{
-    OpenMode, Storage, StorageError, StorageFile, WAL_FILE, WAL_TMP_FILE, replace_atomically,
-};
+use super::{OpenMode, Storage, StorageError, StorageFile, WAL_FILE, WAL_TMP_FILE, replace_atomically};
 use crate::format::wal::{
-    MAX_RECORD_BODY_BYTES, RECORD_HEADER_SIZE_BYTES, WAL_HEADER_SIZE_BYTES, WalHeader,
-    decode_record_header, encode_record, verify_record,
+    MAX_RECORD_BODY_BYTES, RECORD_HEADER_SIZE_BYTES, WAL_HEADER_SIZE_BYTES, WalHeader, decode_record_header,
+    encode_record, verify_record,
 };
 
 /// One valid record found by a scan; `body` indexes `WalScan::buf`.
@@ -37,9 +35,7 @@ pub struct WalScan {
 
 impl WalScan {
     pub fn next_lsn(&self) -> u64 {
-        self.records
-            .last()
-            .map_or(self.header.start_lsn, |r| r.lsn + 1)
+        self.records.last().map_or(self.header.start_lsn, |r| r.lsn + 1)
     }
 
     pub fn body(&self, record: &ScannedRecord) -> &[u8] {
@@ -101,9 +97,7 @@ fn check_one(
         return Err(crate::format::FormatError::Invalid {
             what: "WAL record",
             offset_bytes: 0,
-            detail: format!(
-                "body size {body_bytes} exceeds the {MAX_RECORD_BODY_BYTES}-byte limit"
-            ),
+            detail: format!("body size {body_bytes} exceeds the {MAX_RECORD_BODY_BYTES}-byte limit"),
         });
     }
     let len = RECORD_HEADER_SIZE_BYTES + body_bytes;
@@ -150,8 +144,7 @@ impl WalWriter {
         if scan.file_len_bytes != scan.valid_end_bytes {
             file.set_len(scan.valid_end_bytes)
                 .map_err(StorageError::io("truncate", desc.clone()))?;
-            file.sync_data()
-                .map_err(StorageError::io("fsync", desc.clone()))?;
+            file.sync_data().map_err(StorageError::io("fsync", desc.clone()))?;
         }
         Ok(WalWriter {
             file,

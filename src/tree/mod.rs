@@ -72,9 +72,7 @@ impl TopK {
         if self.k == 0 || !self.admits(c.score) {
             return;
         }
-        let at = self
-            .items
-            .partition_point(|x| rank(x, &c) == Ordering::Less);
+        let at = self.items.partition_point(|x| rank(x, &c) == Ordering::Less);
         if at >= self.k {
             return;
         }
@@ -117,9 +115,7 @@ pub fn place(matched: Option<MatchedNode>, max_depth: u8) -> Placement {
         // when D_max is 1).
         Some(MatchedNode { parent: None, .. }) => Placement::Root,
         Some(MatchedNode {
-            parent: Some(p),
-            depth,
-            ..
+            parent: Some(p), depth, ..
         }) => Placement::Residual { parent: p, depth },
     }
 }
@@ -127,21 +123,14 @@ pub fn place(matched: Option<MatchedNode>, max_depth: u8) -> Placement {
 /// Walks parent links from `start` to its top-level root and returns the
 /// chain root first. `row_of` supplies rows; the walk is bounded by the
 /// start's depth and checks that depths step down by one.
-pub fn chain<E: From<TreeError>>(
-    start: u32,
-    mut row_of: impl FnMut(u32) -> Result<Row, E>,
-) -> Result<Vec<u32>, E> {
+pub fn chain<E: From<TreeError>>(start: u32, mut row_of: impl FnMut(u32) -> Result<Row, E>) -> Result<Vec<u32>, E> {
     let first = row_of(start)?;
     let mut out = vec![start];
     let mut current = first;
     for _ in 0..usize::from(u8::MAX) {
         let Some(parent) = current.parent() else {
             if current.depth != 1 {
-                return Err(inconsistent(
-                    current.index,
-                    format!("top-level node has depth {}", current.depth),
-                )
-                .into());
+                return Err(inconsistent(current.index, format!("top-level node has depth {}", current.depth)).into());
             }
             out.reverse();
             return Ok(out);
@@ -168,9 +157,7 @@ fn inconsistent(node: u32, detail: String) -> TreeError {
 /// hits that has not been distilled yet. Roots are excluded: their chain
 /// is already one self-contained node, distilling it would only duplicate it.
 pub fn is_due(row: &Row, consolidate_after: u32) -> bool {
-    row.node_type == NodeType::Residual
-        && !row.is_consolidated()
-        && row.success_hits >= consolidate_after
+    row.node_type == NodeType::Residual && !row.is_consolidated() && row.success_hits >= consolidate_after
 }
 
 #[cfg(test)]
@@ -178,23 +165,13 @@ mod tests {
     use super::*;
 
     fn c(index: u32, score: f32, depth: u8) -> Candidate {
-        Candidate {
-            index,
-            score,
-            depth,
-        }
+        Candidate { index, score, depth }
     }
 
     #[test]
     fn topk_orders_by_score_depth_age() {
         let mut t = TopK::new(3);
-        for x in [
-            c(5, 0.9, 3),
-            c(1, 0.9, 3),
-            c(2, 0.9, 2),
-            c(3, 0.95, 4),
-            c(4, 0.1, 1),
-        ] {
+        for x in [c(5, 0.9, 3), c(1, 0.9, 3), c(2, 0.9, 2), c(3, 0.95, 4), c(4, 0.1, 1)] {
             t.push(x);
         }
         let ids: Vec<u32> = t.into_sorted().iter().map(|x| x.index).collect();
@@ -227,27 +204,9 @@ mod tests {
                 parent,
             })
         };
-        assert_eq!(
-            place(m(1, None), 5),
-            Placement::Residual {
-                parent: 9,
-                depth: 2
-            }
-        );
-        assert_eq!(
-            place(m(4, Some(3)), 5),
-            Placement::Residual {
-                parent: 9,
-                depth: 5
-            }
-        );
-        assert_eq!(
-            place(m(5, Some(3)), 5),
-            Placement::Residual {
-                parent: 3,
-                depth: 5
-            }
-        );
+        assert_eq!(place(m(1, None), 5), Placement::Residual { parent: 9, depth: 2 });
+        assert_eq!(place(m(4, Some(3)), 5), Placement::Residual { parent: 9, depth: 5 });
+        assert_eq!(place(m(5, Some(3)), 5), Placement::Residual { parent: 3, depth: 5 });
         assert_eq!(place(m(1, None), 1), Placement::Root);
     }
 

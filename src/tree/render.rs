@@ -54,7 +54,8 @@ const KNOWN_FIELDS: [(&str, &str); 6] = [
 /// Fields never put in a prompt: raw material, not advice.
 const HIDDEN_FIELDS: [&str; 2] = ["trajectory", "provenance"];
 
-const FAILURE_WARNING: &str = "Warning: this attempt FAILED. Do not follow it as a procedure; use it to avoid repeating the mistake.";
+const FAILURE_WARNING: &str =
+    "Warning: this attempt FAILED. Do not follow it as a procedure; use it to avoid repeating the mistake.";
 
 /// Renders a chain, root first. Each entry is (label, payload).
 pub fn render_chain(style: TreeStyle, chain: &[(Label, &Payload)]) -> String {
@@ -73,8 +74,7 @@ pub fn render_chain(style: TreeStyle, chain: &[(Label, &Payload)]) -> String {
                 let _ = writeln!(out, "{heading}: {}", value.trim());
             }
         }
-        let known =
-            |k: &str| KNOWN_FIELDS.iter().any(|(f, _)| *f == k) || HIDDEN_FIELDS.contains(&k);
+        let known = |k: &str| KNOWN_FIELDS.iter().any(|(f, _)| *f == k) || HIDDEN_FIELDS.contains(&k);
         for (key, value) in payload.fields.iter().filter(|(k, _)| !known(k)) {
             if !value.trim().is_empty() {
                 let _ = writeln!(out, "{key}: {}", value.trim());
@@ -93,10 +93,8 @@ mod tests {
             scenario: scenario.into(),
             ..Default::default()
         };
-        p.fields
-            .insert("execution_procedure".into(), proc_text.into());
-        p.fields
-            .insert("trajectory".into(), "look around\nopen door".into());
+        p.fields.insert("execution_procedure".into(), proc_text.into());
+        p.fields.insert("trajectory".into(), "look around\nopen door".into());
         p
     }
 
@@ -119,27 +117,15 @@ mod tests {
         assert!(base_at < patch_at && patch_at < fail_at);
         assert_eq!(text.matches("FAILED").count(), 1);
         assert!(text[fail_at..].contains("FAILED"));
-        assert!(
-            !text.contains("open door"),
-            "trajectories stay out of prompts"
-        );
+        assert!(!text.contains("open door"), "trajectories stay out of prompts");
     }
 
     #[test]
     fn env_and_generic_titles() {
         let p = payload("kitchen", "stove is on the left");
-        let env = render_chain(
-            TreeStyle::Env,
-            &[(Label::Success, &p), (Label::Success, &p)],
-        );
-        assert!(
-            env.contains("[Base Environment Knowledge]")
-                && env.contains("[Environment Knowledge Update 1]")
-        );
-        let generic = render_chain(
-            TreeStyle::for_tree_name("insights"),
-            &[(Label::Failure, &p)],
-        );
+        let env = render_chain(TreeStyle::Env, &[(Label::Success, &p), (Label::Success, &p)]);
+        assert!(env.contains("[Base Environment Knowledge]") && env.contains("[Environment Knowledge Update 1]"));
+        let generic = render_chain(TreeStyle::for_tree_name("insights"), &[(Label::Failure, &p)]);
         assert!(generic.starts_with("[Base Experience]") && generic.contains("FAILED"));
     }
 }

@@ -1,0 +1,165 @@
+//! `deltamem init`: create a bank and describe it.
+
+use std::path::Path;
+
+use anyhow::Context;
+use deltamem::{Bank, BankConfig, TreeSpec};
+use serde::Serialize;
+
+use super::{Status, write_json_line};
+
+/// Threshold of a tree given without `:tau=`: the library's default pair
+/// uses it too (the reference's ScienceWorld setting).
+pub const DEFAULT_TAU: f32 = 0.82;
+
+/// A `--tree NAME[:tau=X]` argument.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TreeArg {
+    pub name: String,
+    pub tau: f32,
+}
+
+/// Parses `NAME` or `NAME:tau=X`. A bad spec is a usage error (exit 2).
+pub fn parse_tree_arg(text: &str) -> Result<TreeArg, String> {
+    let (name, rest) = match text.split_once(':') {
+        Some((name, rest)) => (name, Some(rest)),
+        None => (text, None),
+    };
+    if name.is_empty() {
+        return Err("the tree name is empty".into());
+    }
+    let tau = match rest {
+        None => DEFAULT_TAU,
+        Some(option) => {
+            let value = option
+                .strip_prefix("tau=")
+                .ok_or_else(|| format!("expected NAME:tau=X, found option {option:?}"))?;
+            let tau: f32 = value.parse().map_err(|_| format!("tau {value:?} is not a number"))?;
+            // A threshold on a cosine: outside [-1, 1] it means nothing.
+            if !(-1.0..=1.0).contains(&tau) {
+                return Err(format!("tau {value} must be between -1 and 1"));
+            }
+            tau
+        }
+    };
+    Ok(TreeArg {
+        name: name.to_string(),
+        tau,
+    })
+}
+
+pub struct InitArgs {
+    pub dim_count: u32,
+    pub trees: Vec<TreeArg>,
+    pub eps: Option<f32>,
+    pub max_depth: Option<u8>,
+    pub consolidate_after: Option<u32>,
+    pub rows_per_segment: Option<u32>,
+}
+
+impl InitArgs {
+    /// Starts from the library defaults and applies what was given.
+    pub fn config(&self) -> BankConfig {
+        let mut config = BankConfig::new(self.dim_count);
+        if !self.trees.is_empty() {
+            config.trees = self
+                .trees
+                .iter()
+                .map(|t| TreeSpec {
+                    name: t.name.clone(),
+                    tau: t.tau,
+                })
+                .collect();
+        }
+        config.eps = self.eps.unwrap_or(config.eps);
+        config.max_depth = self.max_depth.unwrap_or(config.max_depth);
+        config.consolidate_after = self.consolidate_after.unwrap_or(config.consolidate_after);
+        config.rows_per_segment = self.rows_per_segment.or(config.rows_per_segment);
+        config
+    }
+}
+
+#[derive(Serialize)]
+struct TreeOut<'a> {
+    name: &'a str,
+    tau: f32,
+}
+
+#[derive(Serialize)]
+struct BankOut<'a> {
+    bank: String,
+    dim: u32,
+    trees: Vec<TreeOut<'a>>,
+    eps: f32,
+    max_depth: u8,
+    consolidate_after: u32,
+    rows_per_segment: u32,
+}
+
+/// Checks what the library leaves to its caller, so the error names the
+/// option instead of surfacing later as a strange tree behaviour.
+fn check(args: &InitArgs) -> anyhow::Result<()> {
+    if args.max_depth == Some(0) {
+        anyhow::bail!("--max-depth must be at least 1 (a chain holds at least its root)");
+    }
+    if args.consolidate_after == Some(0) {
+        anyhow::bail!("--consolidate-after must be at least 1");
+    }
+    if args.rows_per_segment == Some(0) {
+        anyhow::bail!("--rows-per-segment must be at least 1");
+    }
+    if let Some(eps) = args.eps.filter(|e| !e.is_finite() || *e < 0.0) {
+        anyhow::bail!("--eps {eps} must be a finite, non-negative number");
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for t in &args.trees {
+        if !seen.insert(t.name.as_str()) {
+            anyhow::bail!("tree {:?} is given twice", t.name);
+        }
+    }
+    Ok(())
+}
+
+pub fn run(path: &Path, args: InitArgs) -> anyhow::Result<Status> {
+    check(&args)?;
+    let bank =
+        Bank::create_dir(path, args.config()).with_context(|| format!("cannot create a bank in {}", path.display()))?;
+    let manifest = bank.manifest().clone();
+    super::close(bank, path)?;
+    let out = BankOut {
+        bank: path.display().to_string(),
+        dim: manifest.dim_count,
+        trees: manifest
+            .trees
+            .iter()
+            .map(|t| TreeOut {
+                name: &t.name,
+                tau: t.tau,
+            })
+            .collect(),
+        eps: manifest.eps,
+        max_depth: manifest.max_depth,
+        consolidate_after: manifest.consolidate_after,
+        rows_per_segment: manifest.rows_per_segment,
+    };
+    let mut stdout = super::stdout();
+    write_json_line(&mut stdout, &out)?;
+    std::io::Write::flush(&mut stdout).context("cannot write to stdout")?;
+    Ok(Status::Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tree_specs() {
+        assert_eq!(parse_tree_arg("task").unwrap().tau, DEFAULT_TAU);
+        let t = parse_tree_arg("insights:tau=0.5").unwrap();
+        assert_eq!((t.name.as_str(), t.tau), ("insights", 0.5));
+        assert!(parse_tree_arg(":tau=0.5").is_err());
+        assert!(parse_tree_arg("x:eps=1").is_err());
+        assert!(parse_tree_arg("x:tau=abc").is_err());
+        assert!(parse_tree_arg("x:tau=NaN").is_err());
+    }
+}

@@ -1,0 +1,557 @@
+//! End-to-end tests of the `deltamem` binary: each runs the real program
+//! in a temporary directory, feeds stdin and checks the JSON it prints
+//! against values worked out here.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn lines(&self) -> Vec<Value> {
+        self.stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect()
+    }
+}
+
+fn deltamem(args: &[&str], stdin: &str) -> Run {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn deltamem");
+    // Fed from a thread so a large output cannot block the input, and
+    // ignoring errors: a command may exit without reading stdin at all.
+    let mut input = child.stdin.take().unwrap();
+    let text = stdin.to_string();
+    std::thread::spawn(move || input.write_all(text.as_bytes()));
+    let out = child.wait_with_output().unwrap();
+    Run {
+        code: out.status.code().expect("exited normally"),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+fn ok(args: &[&str], stdin: &str) -> Run {
+    let run = deltamem(args, stdin);
+    assert_eq!(run.code, 0, "{args:?} failed: {}", run.stderr);
+    run
+}
+
+/// A fresh bank; returns the temp dir (kept alive) and the bank path.
+fn bank(extra: &[&str]) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bank");
+    let mut args = vec!["init", path.to_str().unwrap(), "--dim", "4"];
+    args.extend_from_slice(extra);
+    ok(&args, "");
+    (dir, path)
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn node(tree: &str, attach: Value, label: &str, scenario: &str, embedding: &[f32]) -> String {
+    json!({"tree": tree, "attach": attach, "label": label, "scenario": scenario,
+           "payload": {"execution_procedure": format!("do {scenario}")},
+           "embedding": embedding})
+    .to_string()
+}
+
+fn task(attach: Value, scenario: &str, embedding: &[f32]) -> String {
+    node("task", attach, "SUCCESS", scenario, embedding)
+}
+
+fn insert(bank: &Path, lines: &[String]) -> Vec<Value> {
+    ok(&["insert", s(bank)], &(lines.join("\n") + "\n")).lines()
+}
+
+/// Starts `deltamem insert` with stdin held open. Acks arrive on the
+/// channel as they are printed, so a test can wait for one with a timeout.
+fn start_insert(bank: &Path, sync: &str) -> (Child, ChildStdin, Receiver<Value>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+        .args(["insert", s(bank), "--sync", sync])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let reader = BufReader::new(child.stdout.take().unwrap());
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in reader.lines().map_while(Result::ok) {
+            let _ = tx.send(serde_json::from_str(&line).unwrap_or(Value::Null));
+        }
+    });
+    (child, stdin, rx)
+}
+
+fn send(mut stdin: &ChildStdin, line: &str) {
+    writeln!(stdin, "{line}").unwrap();
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x * y)).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| f64::from(x * x)).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
+fn close_to(v: &Value, expected: f64) -> bool {
+    v.as_f64().is_some_and(|x| (x - expected).abs() < 1e-5)
+}
+
+fn pluck(items: &[Value], key: &str) -> Vec<Value> {
+    items.iter().map(|v| v[key].clone()).collect()
+}
+
+fn ids(matches: &Value) -> Vec<u64> {
+    let list = matches["matches"].as_array().expect("matches array");
+    list.iter().map(|m| m["id"].as_u64().unwrap()).collect()
+}
+
+#[test]
+fn init_defaults_and_custom_trees() {
+    let dir = tempfile::tempdir().unwrap();
+    let default = dir.path().join("default");
+    let out = &ok(&["init", s(&default), "--dim", "4"], "").lines()[0];
+    let lib = deltamem::BankConfig::new(4);
+    assert_eq!(out["dim"], 4);
+    let trees = out["trees"].as_array().unwrap();
+    assert_eq!(trees.len(), lib.trees.len());
+    for (got, want) in trees.iter().zip(&lib.trees) {
+        assert_eq!(got["name"], want.name.as_str());
+        assert!(close_to(&got["tau"], f64::from(want.tau)));
+    }
+    assert!(close_to(&out["eps"], f64::from(lib.eps)));
+    assert_eq!(out["max_depth"], lib.max_depth);
+    assert_eq!(out["consolidate_after"], lib.consolidate_after);
+
+    let custom = dir.path().join("custom");
+    let line = format!(
+        "init {} --dim 8 --tree insights:tau=0.5 --tree raw --eps 0.1 --max-depth 3 \
+         --consolidate-after 2",
+        s(&custom)
+    );
+    let args: Vec<&str> = line.split_whitespace().collect();
+    ok(&args, "");
+    // Read back from disk through another command, not from init's echo.
+    let stats = &ok(&["stats", s(&custom), "--json"], "").lines()[0];
+    let names = pluck(stats["trees"].as_array().unwrap(), "name");
+    assert_eq!(names, ["insights", "raw"]);
+    assert!(close_to(&stats["trees"][0]["tau"], 0.5));
+    assert!(close_to(&stats["trees"][1]["tau"], 0.82));
+    assert_eq!((stats["dim"].as_u64(), stats["max_depth"].as_u64()), (Some(8), Some(3)));
+    assert!(close_to(&stats["eps"], 0.1));
+    assert_eq!(stats["consolidate_after"], 2);
+    // A second init on the same directory is refused.
+    assert_eq!(deltamem(&args, "").code, 1);
+}
+
+#[test]
+fn insert_acks_for_auto_root_and_parent() {
+    let (_dir, b) = bank(&[]);
+    let v0 = [1.0, 0.0, 0.0, 0.0];
+    let v1 = [1.0, 0.5, 0.0, 0.0];
+    let lines = [
+        task(json!("auto"), "first", &v0),
+        task(json!("auto"), "close to first", &v1),
+        json!({"tree": "task", "attach": "root", "label": "FAILURE", "scenario": "forced root",
+               "payload": {}, "embedding": v0, "id": "ext-3"})
+        .to_string(),
+        task(json!({"parent": "ext-3"}), "under ext-3", &[0.0, 0.0, 1.0, 0.0]),
+        task(json!({"parent": 3}), "under 3", &[0.0, 0.0, 0.0, 1.0]),
+    ];
+    let acks = insert(&b, &lines);
+    assert_eq!(acks.len(), 5);
+    assert_eq!(pluck(&acks, "id"), [0, 1, 2, 3, 4]);
+    assert_eq!(
+        (acks[0]["type"].as_str(), acks[0]["depth"].as_u64()),
+        (Some("ROOT"), Some(1))
+    );
+    assert!(acks[0]["parent"].is_null() && acks[0]["match"].is_null());
+    assert_eq!(acks[1]["type"], "RESIDUAL");
+    assert_eq!(
+        (acks[1]["parent"].as_u64(), acks[1]["depth"].as_u64()),
+        (Some(0), Some(2))
+    );
+    assert_eq!(acks[1]["match"]["id"], 0);
+    assert!(close_to(&acks[1]["match"]["score"], cosine(&v0, &v1)));
+    // Root attach never scans, even though v0 would match node 0 exactly.
+    assert!(acks[2]["match"].is_null() && acks[2]["parent"].is_null());
+    assert_eq!(acks[2]["external_id"], "ext-3");
+    assert!(acks[0].get("external_id").is_none());
+    assert_eq!(
+        (acks[3]["parent"].as_u64(), acks[3]["depth"].as_u64()),
+        (Some(2), Some(2))
+    );
+    assert_eq!(
+        (acks[4]["parent"].as_u64(), acks[4]["depth"].as_u64()),
+        (Some(3), Some(3))
+    );
+    assert!(acks.iter().all(|a| a["tree"] == "task"));
+}
+
+#[test]
+fn batch_and_none_ack_every_line_in_order() {
+    for sync in ["batch", "none", "always"] {
+        let (_dir, b) = bank(&[]);
+        let count = 40;
+        let lines: Vec<String> = (0..count)
+            .map(|i| task(json!("root"), &format!("n{i}"), &[1.0, i as f32, 0.0, 0.0]))
+            .collect();
+        let run = ok(&["insert", s(&b), "--sync", sync], &lines.join("\n"));
+        let acks = run.lines();
+        assert_eq!(pluck(&acks, "id"), (0..count).collect::<Vec<_>>(), "sync {sync}");
+        let dumped = ok(&["dump", s(&b)], "").lines();
+        assert_eq!(dumped.len(), count, "sync {sync}");
+        assert_eq!(dumped[7]["scenario"], "n7");
+    }
+}
+
+#[test]
+fn batch_acks_arrive_while_stdin_is_idle() {
+    let (_dir, b) = bank(&[]);
+    let (mut child, stdin, acks) = start_insert(&b, "batch");
+    for i in 0..3 {
+        send(
+            &stdin,
+            &task(json!("root"), &format!("n{i}"), &[1.0, i as f32, 0.0, 0.0]),
+        );
+    }
+    // No more input and no EOF: only the 100 ms batch timer can release them.
+    for i in 0..3 {
+        let ack = acks.recv_timeout(Duration::from_secs(10)).expect("ack while idle");
+        assert_eq!(ack["id"], i);
+    }
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+    assert!(acks.recv_timeout(Duration::from_secs(1)).is_err(), "one ack per line");
+}
+
+#[test]
+fn query_honours_k_tau_and_depth_ties() {
+    let (_dir, b) = bank(&[]);
+    let v = [1.0, 0.0, 0.0, 0.0];
+    let u = [1.0, 1.0, 0.0, 0.0];
+    insert(
+        &b,
+        &[
+            task(json!("root"), "other", &[0.0, 0.0, 1.0, 0.0]),
+            task(json!({"parent": 0}), "deep twin", &v),
+            task(json!("root"), "shallow twin", &v),
+            task(json!("root"), "diagonal", &u),
+        ],
+    );
+    let q = |extra: Value| {
+        let mut line = json!({"tree": "task", "embedding": v});
+        line.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        line.to_string()
+    };
+    let input = [q(json!({"k": 5})), q(json!({"k": 5, "tau": 0.7})), q(json!({}))].join("\n");
+    let answers = ok(&["query", s(&b)], &input).lines();
+    // Equal scores: the shallower node wins although it is younger.
+    assert_eq!(ids(&answers[0]), [2, 1]);
+    assert_eq!(answers[0]["matches"][1]["chain"], json!([0, 1]));
+    assert_eq!(answers[0]["matches"][0]["depth"], 1);
+    assert_eq!(ids(&answers[1]), [2, 1, 3]);
+    assert!(close_to(&answers[1]["matches"][2]["score"], cosine(&v, &u)));
+    assert_eq!(ids(&answers[2]), [2], "default k is 1");
+    let flag_k = ok(&["query", s(&b), "--k", "2"], &q(json!({"tau": 0.0}))).lines();
+    assert_eq!(ids(&flag_k[0]), [2, 1]);
+}
+
+#[test]
+fn dump_fields_filter_and_embeddings() {
+    let (_dir, b) = bank(&[]);
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let e = [3.0, 4.0, 0.0, 0.0];
+    insert(
+        &b,
+        &[
+            task(json!("auto"), "t0", &e),
+            node("env", json!("auto"), "SUCCESS", "e1", &[0.0, 1.0, 0.0, 0.0]),
+            json!({"tree": "task", "attach": {"parent": 0}, "label": "FAILURE", "scenario": "t2",
+               "payload": {"failure_reason": "too hot"}, "embedding": e, "id": "x-2"})
+            .to_string(),
+        ],
+    );
+    let all = ok(&["dump", s(&b)], "").lines();
+    assert_eq!(all.len(), 3);
+    let mut n = all[2].clone();
+    let created = n.as_object_mut().unwrap().remove("created_unix_ms");
+    let created = created.and_then(|c| c.as_u64()).expect("created_unix_ms");
+    assert!(created >= before && created < before + 60_000);
+    let expected = json!({"id": 2, "tree": "task", "type": "RESIDUAL", "label": "FAILURE",
+        "parent": 0, "depth": 2, "success_hits": 0, "retrievals": 0, "consolidated": false,
+        "consolidated_root": false, "scenario": "t2", "payload": {"failure_reason": "too hot"},
+        "external_id": "x-2"});
+    assert_eq!(n, expected);
+    assert!(all[0].get("external_id").is_none() && all[0].get("link").is_none());
+
+    let env = ok(&["dump", s(&b), "--tree", "env"], "").lines();
+    assert_eq!(env.len(), 1);
+    assert_eq!(
+        (env[0]["id"].as_u64(), env[0]["scenario"].as_str()),
+        (Some(1), Some("e1"))
+    );
+    let with = ok(&["dump", s(&b), "--tree", "task", "--embeddings"], "").lines();
+    assert_eq!(with.len(), 2);
+    let stored: Vec<f64> = with[0]["embedding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    let expected = [0.6, 0.8, 0.0, 0.0]; // (3, 4) / 5
+    assert!(
+        stored.iter().zip(expected).all(|(a, b)| (a - b).abs() < 1e-6),
+        "{stored:?}"
+    );
+    assert_eq!(deltamem(&["dump", s(&b), "--tree", "nope"], "").code, 1);
+}
+
+#[test]
+fn chain_json_and_render() {
+    let (_dir, b) = bank(&[]);
+    insert(
+        &b,
+        &[
+            task(json!("root"), "boil water", &[1.0, 0.0, 0.0, 0.0]),
+            task(json!({"parent": 0}), "boil water faster", &[1.0, 0.1, 0.0, 0.0]),
+        ],
+    );
+    let out = &ok(&["chain", s(&b), "1"], "").lines()[0];
+    assert_eq!(out["chain"], json!([0, 1]));
+    assert_eq!(out["nodes"][0]["scenario"], "boil water");
+    assert_eq!(out["nodes"][1]["type"], "RESIDUAL");
+    assert_eq!(
+        out["nodes"][1]["payload"]["execution_procedure"],
+        "do boil water faster"
+    );
+    let text = ok(&["chain", s(&b), "1", "--render"], "").stdout;
+    let base = text.find("[Base Skill]").expect("base title");
+    let patch = text.find("[Skill Patch 1]").expect("patch title");
+    assert!(base < patch && text.contains("do boil water faster"), "{text}");
+    let missing = deltamem(&["chain", s(&b), "7"], "");
+    assert_eq!(missing.code, 1);
+    assert!(missing.stderr.contains('7'), "{}", missing.stderr);
+}
+
+#[test]
+fn hit_due_consolidate_then_query_skips_source() {
+    let (_dir, b) = bank(&["--consolidate-after", "2"]);
+    let leaf = [0.0, 1.0, 0.0, 0.0];
+    insert(
+        &b,
+        &[
+            task(json!("root"), "base", &[1.0, 0.0, 0.0, 0.0]),
+            task(json!({"parent": 0}), "leaf", &leaf),
+        ],
+    );
+    let first = &ok(&["hit", s(&b), "1"], "").lines()[0];
+    assert_eq!(*first, json!({"id": 1, "success_hits": 1, "due": false}));
+    assert!(ok(&["due", s(&b)], "").stdout.is_empty());
+    let second = &ok(&["hit", s(&b), "1"], "").lines()[0];
+    assert_eq!(
+        (second["success_hits"].as_u64(), second["due"].as_bool()),
+        (Some(2), Some(true))
+    );
+    let due = ok(&["due", s(&b)], "").lines();
+    assert_eq!(
+        due,
+        [json!({"id": 1, "tree": "task", "success_hits": 2, "chain": [0, 1]})]
+    );
+    assert!(ok(&["due", s(&b), "--tree", "env"], "").stdout.is_empty());
+
+    let payload = r#"{"execution_procedure":"everything at once"}"#;
+    let done = &ok(&["consolidate", s(&b), "1", "--payload", payload], "").lines()[0];
+    assert_eq!(*done, json!({"source": 1, "new_root": 2}));
+    let query = json!({"tree": "task", "embedding": leaf, "k": 5}).to_string();
+    let answer = &ok(&["query", s(&b)], &query).lines()[0];
+    assert_eq!(ids(answer), [2], "the distilled root replaces its source");
+    assert!(close_to(&answer["matches"][0]["score"], 1.0));
+    let all = &ok(&["query", s(&b), "--include-consolidated"], &query).lines()[0];
+    assert!(ids(all).contains(&1));
+    let root = &ok(&["dump", s(&b)], "").lines()[2];
+    assert_eq!(
+        (root["consolidated_root"].as_bool(), root["link"].as_u64()),
+        (Some(true), Some(1))
+    );
+    assert_eq!(root["payload"]["execution_procedure"], "everything at once");
+    assert!(ok(&["due", s(&b)], "").stdout.is_empty());
+
+    let again = deltamem(&["consolidate", s(&b), "1", "--payload", payload], "");
+    assert_eq!(again.code, 1);
+    assert!(again.stderr.contains("already consolidated"), "{}", again.stderr);
+    assert_eq!(ok(&["dump", s(&b)], "").lines().len(), 3, "no second root");
+}
+
+#[test]
+fn malformed_middle_line_is_reported_and_skipped() {
+    let (_dir, b) = bank(&[]);
+    let input = [
+        task(json!("root"), "one", &[1.0, 0.0, 0.0, 0.0]),
+        r#"{"tree": "task", "attach": "root", oops"#.to_string(),
+        task(json!("root"), "three", &[0.0, 1.0, 0.0, 0.0]),
+    ]
+    .join("\n");
+    let run = deltamem(&["insert", s(&b)], &input);
+    assert_eq!(run.code, 1);
+    assert!(run.stderr.contains("line 2"), "{}", run.stderr);
+    assert!(!run.stderr.contains("line 1") && !run.stderr.contains("line 3"));
+    assert_eq!(run.lines().len(), 2);
+    let scenarios = pluck(&ok(&["dump", s(&b)], "").lines(), "scenario");
+    assert_eq!(scenarios, ["one", "three"]);
+}
+
+#[test]
+fn bad_lines_name_line_and_problem() {
+    let (_dir, b) = bank(&[]);
+    let good = [1.0, 0.0, 0.0, 0.0];
+    let input = [
+        task(json!("root"), "short", &[1.0, 0.0, 0.0]),
+        node("nope", json!("root"), "SUCCESS", "x", &good),
+        task(json!({"parent": 9}), "orphan", &good),
+        task(json!("root"), "", &good),
+        node("task", json!("root"), "MAYBE", "x", &good),
+        r#"{"tree":"task","attach":"root","label":"SUCCESS","scenario":"x","payload":{"a":1},"embedding":[1,0,0,0]}"#
+            .into(),
+        r#"{"tree":"task","attach":"root","label":"SUCCESS","scenario":"x","payload":{},"embedding":[NaN,0,0,0]}"#
+            .into(),
+        task(json!("root"), "zero", &[0.0; 4]),
+    ];
+    let run = deltamem(&["insert", s(&b)], &input.join("\n"));
+    assert_eq!(run.code, 1);
+    let err = &run.stderr;
+    let expect = [
+        (1, "3 dimensions"),
+        (2, "unknown tree"),
+        (3, "unknown node"),
+        (4, "scenario"),
+        (5, "label"),
+        (6, "payload"),
+        (7, "NaN"),
+        (8, "norm"),
+    ];
+    for (line, words) in expect {
+        let found = err.lines().find(|l| l.contains(&format!("line {line}:")));
+        let text = found.unwrap_or_else(|| panic!("no error for line {line}: {err}"));
+        assert!(text.contains(words), "line {line}: {text}");
+    }
+    assert!(run.stdout.is_empty());
+    assert!(ok(&["dump", s(&b)], "").stdout.is_empty());
+}
+
+#[test]
+fn second_writer_is_refused_while_first_runs() {
+    let (_dir, b) = bank(&[]);
+    let (mut first, stdin, acks) = start_insert(&b, "always");
+    send(&stdin, &task(json!("root"), "held", &[1.0, 0.0, 0.0, 0.0]));
+    let ack = acks.recv_timeout(Duration::from_secs(10)).expect("an ack");
+    assert_eq!(ack["id"], 0);
+
+    let second = deltamem(&["insert", s(&b)], &task(json!("root"), "other", &[0.0, 1.0, 0.0, 0.0]));
+    assert_eq!(second.code, 1);
+    assert!(second.stderr.contains("locked by another process"), "{}", second.stderr);
+    // Readers take no lock and already see the acknowledged node.
+    assert_eq!(ok(&["dump", s(&b)], "").lines().len(), 1);
+
+    drop(stdin);
+    assert!(first.wait().unwrap().success());
+    let nodes = ok(&["dump", s(&b)], "").lines();
+    assert_eq!(nodes.len(), 1);
+    assert_eq!(nodes[0]["scenario"], "held");
+}
+
+#[test]
+fn verify_passes_then_reports_a_flipped_byte() {
+    let (_dir, b) = bank(&[]);
+    insert(
+        &b,
+        &[
+            task(json!("root"), "a", &[1.0, 0.0, 0.0, 0.0]),
+            task(json!("root"), "b", &[0.0, 1.0, 0.0, 0.0]),
+        ],
+    );
+    let good = ok(&["verify", s(&b)], "");
+    assert!(good.stdout.starts_with("ok: 2 nodes"), "{}", good.stdout);
+
+    // insert closed the bank, so both rows are in the checkpointed table.
+    let row_bytes = 128u64;
+    let flip_at = row_bytes + 20; // inside row 1
+    let seg = b.join("nodes-000000.seg");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[flip_at as usize] ^= 0x01;
+    std::fs::write(&seg, bytes).unwrap();
+
+    let bad = deltamem(&["verify", s(&b)], "");
+    assert_eq!(bad.code, 1);
+    let line = bad
+        .stderr
+        .lines()
+        .find(|l| l.contains("nodes-000000.seg @ "))
+        .unwrap_or_else(|| panic!("{}", bad.stderr));
+    let offset: u64 = line
+        .split(" @ ")
+        .nth(1)
+        .and_then(|r| r.split(':').next())
+        .and_then(|o| o.parse().ok())
+        .unwrap();
+    assert!((row_bytes..2 * row_bytes).contains(&offset), "{line}");
+}
+
+#[test]
+fn demo_runs_and_consolidates() {
+    let run = ok(&["demo"], "");
+    assert!(run.stdout.contains("consolidation"), "{}", run.stdout);
+    assert!(run.stdout.contains("toy embedder"));
+    assert!(run.stdout.contains("└─"));
+    let header = run.stdout.lines().next().unwrap();
+    let temp = header.rsplit("bank in ").next().unwrap();
+    assert!(!Path::new(temp).exists(), "temporary bank {temp} left behind");
+
+    let dir = tempfile::tempdir().unwrap();
+    let kept = dir.path().join("demo");
+    ok(&["demo", s(&kept), "--quiet"], "");
+    let checked = ok(&["verify", s(&kept)], "");
+    assert!(checked.stdout.starts_with("ok: "));
+    let consolidated = ok(&["dump", s(&kept)], "")
+        .lines()
+        .iter()
+        .filter(|n| n["consolidated_root"] == true)
+        .count();
+    assert!(consolidated >= 1);
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    assert_eq!(deltamem(&["init"], "").code, 2);
+    assert_eq!(deltamem(&["frobnicate"], "").code, 2);
+    assert_eq!(deltamem(&["insert", "x", "--sync", "sometimes"], "").code, 2);
+    assert_eq!(
+        deltamem(&["init", "x", "--dim", "4", "--tree", "t:tau=hot"], "").code,
+        2
+    );
+    let missing = deltamem(&["dump", "/nonexistent/deltamem-bank"], "");
+    assert_eq!(missing.code, 1);
+    assert!(missing.stderr.starts_with("deltamem: "), "{}", missing.stderr);
+}
