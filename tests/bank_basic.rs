@@ -416,3 +416,55 @@ fn bad_config_names_the_option_and_leaves_no_directory() {
             .contains("--consolidate-after")
     );
 }
+
+#[test]
+fn batch_insert_is_one_atomic_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bank = Bank::create_dir(dir.path(), config(4)).unwrap();
+    let mut nodes: Vec<NewNode> = (0..10)
+        .map(|i| {
+            let mut n = node(
+                "task",
+                Attach::Auto,
+                Label::Success,
+                &format!("s{i}"),
+                vec![1.0, i as f32 * 0.01, 0.0, 0.0],
+            );
+            n.external_id = Some(format!("n{i}"));
+            n
+        })
+        .collect();
+    let acks = bank.insert_batch(&nodes, None).unwrap();
+    assert_eq!(
+        acks.iter().map(|a| a.id).collect::<Vec<_>>(),
+        (0..10).collect::<Vec<_>>()
+    );
+    // Auto placement sees the earlier nodes of the same batch.
+    assert_eq!((acks[0].node_type, acks[1].parent), (NodeType::Root, Some(0)));
+    assert!(acks.windows(2).all(|w| w[0].lsn == w[1].lsn), "one record");
+
+    // A bad node anywhere rejects the whole batch and names its position.
+    nodes
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, n)| n.external_id = Some(format!("m{i}")));
+    nodes[7].embedding = vec![0.0; 4];
+    let err = bank.insert_batch(&nodes, None).unwrap_err();
+    assert!(matches!(&err, BankError::BatchItem { position: 7, .. }), "{err}");
+    assert_eq!(bank.node_count(), 10);
+    assert!(
+        bank.resolve(&NodeRef::External("m3".into())).is_err(),
+        "rolled-back ids are forgotten"
+    );
+    // Duplicate ids inside one batch are caught too.
+    nodes[7].embedding = vec![1.0, 0.0, 0.0, 0.0];
+    nodes[5].external_id = Some("m2".into());
+    assert!(matches!(
+        bank.insert_batch(&nodes, None).unwrap_err(),
+        BankError::BatchItem { position: 5, .. }
+    ));
+    drop(bank);
+    let bank = Bank::open_dir(dir.path(), OpenOptions::default()).unwrap();
+    assert_eq!(bank.node_count(), 10);
+    assert_eq!(bank.resolve(&NodeRef::External("n9".into())).unwrap(), 9);
+}

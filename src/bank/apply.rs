@@ -17,7 +17,7 @@ impl Bank {
     }
 
     /// As `apply_txn`, returning what undoes it.
-    fn apply_txn_undoable(&mut self, ops: Vec<WalOp>) -> Result<Mark, BankError> {
+    pub(crate) fn apply_txn_undoable(&mut self, ops: Vec<WalOp>) -> Result<Mark, BankError> {
         let mut mark = self.overlay.mark();
         for op in ops {
             let result = match op {
@@ -140,20 +140,28 @@ impl Bank {
     pub(crate) fn commit(&mut self, ops: Vec<WalOp>, policy: Option<SyncPolicy>) -> Result<u64, BankError> {
         self.check_writable()?;
         let body = encode_ops(&ops);
-        if ops.len() > usize::from(u16::MAX) || body.len() > MAX_RECORD_BODY_BYTES {
-            return Err(BankError::TransactionTooLarge {
-                ops: ops.len(),
-                size_bytes: body.len(),
-            });
-        }
+        check_record_size(ops.len(), body.len())?;
         let op_count = ops.len() as u16;
         let undo = self.apply_txn_undoable(ops)?;
+        self.log(op_count, &body, vec![undo], policy)
+    }
+
+    /// Appends already-applied ops as one record and syncs per policy. If
+    /// the append fails the overlay is rolled back (newest mark first) and
+    /// the bank is poisoned.
+    pub(crate) fn log(
+        &mut self,
+        op_count: u16,
+        body: &[u8],
+        undo: Vec<Mark>,
+        policy: Option<SyncPolicy>,
+    ) -> Result<u64, BankError> {
         let writer = self.writer.as_mut().expect("checked writable");
-        let lsn = match writer.wal.append(op_count, &body) {
+        let lsn = match writer.wal.append(op_count, body) {
             Ok(lsn) => lsn,
             Err(e) => {
                 writer.poisoned = Some(e.to_string());
-                self.overlay.rollback(undo);
+                undo.into_iter().rev().for_each(|m| self.overlay.rollback(m));
                 return Err(e.into());
             }
         };
@@ -225,4 +233,15 @@ impl Bank {
         }
         Ok(())
     }
+}
+
+/// One WAL record holds at most 65535 ops and 64 MiB of body.
+pub(crate) fn check_record_size(op_count: usize, body_bytes: usize) -> Result<(), BankError> {
+    if op_count > usize::from(u16::MAX) || body_bytes > MAX_RECORD_BODY_BYTES {
+        return Err(BankError::TransactionTooLarge {
+            ops: op_count,
+            size_bytes: body_bytes,
+        });
+    }
+    Ok(())
 }

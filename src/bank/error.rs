@@ -56,4 +56,6 @@ pub enum BankError {
     },
     #[error(transparent)]
     Tree(#[from] TreeError),
+    #[error("batch item {position}: {source}")]
+    BatchItem { position: usize, source: Box<BankError> },
 }

@@ -2,12 +2,13 @@
 
 use std::collections::BTreeMap;
 
+use super::apply::check_record_size;
 use super::open::now_unix_ms;
 use super::scan::QueryOptions;
 use super::{Bank, BankError, NodeRef, SyncPolicy};
 use crate::format::payload::{Payload, encode_record};
 use crate::format::row::{FLAG_CONSOLIDATED, FLAG_CONSOLIDATED_ROOT, Label, NodeType, Row, encode_external_id};
-use crate::format::wal::WalOp;
+use crate::format::wal::{WalOp, encode_ops};
 use crate::format::{MAX_PAYLOAD_BYTES, NODE_NONE, vector_crc32};
 use crate::tree::{self, MatchedNode, Placement};
 
@@ -93,6 +94,72 @@ impl Bank {
     /// Inserts one node; `sync` overrides the bank's policy for this call.
     pub fn insert_with(&mut self, node: NewNode, sync: Option<SyncPolicy>) -> Result<InsertAck, BankError> {
         self.check_writable()?;
+        let (op, mut ack, key) = self.prepare_insert(&node)?;
+        ack.lsn = self.commit(vec![op], sync)?;
+        if let Some(key) = key {
+            self.with_external_ids(|ids| ids.insert(key, ack.id))?;
+        }
+        Ok(ack)
+    }
+
+    /// Inserts many nodes as one WAL record: all or none, one write and at
+    /// most one fsync for the lot (bulk imports). Each node is placed with
+    /// the ones before it already in the tree. An error names the node.
+    pub fn insert_batch(&mut self, nodes: &[NewNode], sync: Option<SyncPolicy>) -> Result<Vec<InsertAck>, BankError> {
+        self.check_writable()?;
+        let (mut body, mut undo, mut acks, mut keys) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (position, node) in nodes.iter().enumerate() {
+            let step = self.prepare_insert(node).and_then(|(op, ack, key)| {
+                let op_body = encode_ops(std::slice::from_ref(&op));
+                let mark = self.apply_txn_undoable(vec![op])?;
+                Ok((op_body, mark, ack, key))
+            });
+            let outcome = step.and_then(|(op_body, mark, ack, key)| {
+                body.extend_from_slice(&op_body);
+                undo.push(mark);
+                let id = ack.id;
+                acks.push(ack);
+                if let Some(key) = key {
+                    // Visible at once, so a duplicate later in the batch is caught.
+                    keys.push(key);
+                    self.with_external_ids(|ids| ids.insert(key, id))?;
+                }
+                check_record_size(acks.len(), body.len())
+            });
+            if let Err(e) = outcome {
+                self.forget_external_ids(&keys)?;
+                undo.into_iter().rev().for_each(|m| self.overlay.rollback(m));
+                return Err(BankError::BatchItem {
+                    position,
+                    source: Box::new(e),
+                });
+            }
+        }
+        if acks.is_empty() {
+            return Ok(acks);
+        }
+        let lsn = match self.log(acks.len() as u16, &body, undo, sync) {
+            Ok(lsn) => lsn,
+            Err(e) => {
+                self.forget_external_ids(&keys)?;
+                return Err(e);
+            }
+        };
+        acks.iter_mut().for_each(|a| a.lsn = lsn);
+        Ok(acks)
+    }
+
+    fn forget_external_ids(&self, keys: &[[u8; 16]]) -> Result<(), BankError> {
+        self.with_external_ids(|ids| {
+            for key in keys {
+                ids.remove(key);
+            }
+        })
+    }
+
+    /// Validates a node and builds its op against the current state,
+    /// without changing anything. The ack's lsn is filled in by the caller.
+    fn prepare_insert(&self, node: &NewNode) -> Result<(WalOp, InsertAck, Option<[u8; 16]>), BankError> {
         let tree = self.tree_index(&node.tree)?;
         let vector = normalise(&node.embedding, self.manifest.dim_count)?;
         if node.payload.scenario.trim().is_empty() {
@@ -129,26 +196,25 @@ impl Bank {
             created_unix_ms: now_unix_ms(),
             external_id,
         };
-        let lsn = self.commit(
-            vec![WalOp::PutNode {
-                row,
-                vector,
-                payload_record,
-            }],
-            sync,
-        )?;
-        if id_flags != 0 {
-            self.with_external_ids(|ids| ids.insert(external_id, index))?;
-        }
-        Ok(InsertAck {
+        let ack = InsertAck {
             id: index,
-            tree: node.tree,
+            tree: node.tree.clone(),
             node_type,
             parent,
             depth,
             matched,
-            lsn,
-        })
+            lsn: 0,
+        };
+        let key = (id_flags != 0).then_some(external_id);
+        Ok((
+            WalOp::PutNode {
+                row,
+                vector,
+                payload_record,
+            },
+            ack,
+            key,
+        ))
     }
 
     fn check_external_id(&self, text: Option<&str>) -> Result<([u8; 16], u8), BankError> {
