@@ -8,6 +8,7 @@
 mod apply;
 mod base;
 mod checkpoint;
+mod compact;
 mod error;
 mod mutate;
 mod open;
@@ -20,6 +21,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+pub use compact::{CompactReport, FreezeReport};
 pub use error::BankError;
 pub use mutate::{Attach, ConsolidateAck, HitAck, InsertAck, NewNode};
 pub use open::{BankConfig, OpenOptions};
