@@ -468,3 +468,107 @@ fn batch_insert_is_one_atomic_record() {
     assert_eq!(bank.node_count(), 10);
     assert_eq!(bank.resolve(&NodeRef::External("n9".into())).unwrap(), 9);
 }
+
+fn all_answers(bank: &Bank) -> Vec<String> {
+    let mut out = Vec::new();
+    for i in 0..bank.node_count() {
+        let mut n = bank.node(i).unwrap();
+        n.row.payload_offset_bytes = 0; // compaction may move records
+        out.push(format!(
+            "{n:?} {:?} {:?}",
+            bank.vector(i).unwrap(),
+            bank.chain(i).unwrap()
+        ));
+    }
+    for hot in 0..4 {
+        let q = bank.query(
+            "task",
+            &unit(4, hot),
+            &QueryOptions {
+                k: 5,
+                tau: Some(-1.0),
+                ..Default::default()
+            },
+        );
+        out.push(format!("{:?}", q.unwrap()));
+    }
+    out
+}
+
+fn populated(dir: &std::path::Path) -> Bank {
+    let mut bank = Bank::create_dir(dir, config(4)).unwrap();
+    for i in 0..9 {
+        let attach = if i % 3 == 0 { Attach::Root } else { Attach::Auto };
+        bank.insert(node(
+            "task",
+            attach,
+            Label::Success,
+            &format!("s{i}"),
+            vec![1.0, i as f32 * 0.05, 0.0, 0.1],
+        ))
+        .unwrap();
+    }
+    bank.success_hit(1).unwrap();
+    bank.checkpoint().unwrap();
+    bank.success_hit(2).unwrap(); // left in the WAL
+    bank
+}
+
+#[test]
+fn compact_switches_generation_and_keeps_every_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bank = populated(dir.path());
+    let before = all_answers(&bank);
+    let report = bank.compact().unwrap();
+    assert_eq!((report.generation, report.nodes), (1, 9));
+    assert_eq!(all_answers(&bank), before);
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.starts_with("nodes-") || n.ends_with(".g1.seg")),
+        "old generation removed: {names:?}"
+    );
+    bank.insert(node("task", Attach::Root, Label::Failure, "after", unit(4, 2)))
+        .unwrap();
+    bank.close().unwrap();
+    let mut bank = Bank::open_dir(dir.path(), OpenOptions::default()).unwrap();
+    assert_eq!(bank.node_count(), 10);
+    assert!(bank.verify().unwrap().is_ok());
+    assert_eq!(bank.compact().unwrap().generation, 2);
+    assert!(bank.verify().unwrap().is_ok());
+}
+
+#[test]
+fn freeze_writes_a_read_only_copy_with_the_same_answers() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let bank = populated(&dir.path().join("live"));
+    let before = all_answers(&bank);
+    let out = dir.path().join("frozen");
+    let report = bank.freeze_to(&out).unwrap();
+    assert_eq!(report.nodes, 9);
+    assert!(matches!(bank.freeze_to(&out), Err(BankError::AlreadyExists { .. })));
+    drop(bank);
+    let frozen = Bank::open_dir(
+        &out,
+        OpenOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(frozen.manifest().is_frozen());
+    assert_eq!(all_answers(&frozen), before);
+    let report = frozen.verify().unwrap();
+    assert!(report.is_ok() && report.wal_records == 0, "{report:?}");
+    let err = Bank::open_dir(&out, OpenOptions::default()).err().unwrap().to_string();
+    assert!(err.contains("frozen"), "{err}");
+    assert!(
+        !out.join("LOCK").exists(),
+        "refusing a writer must not write into a frozen bank"
+    );
+    let mode = std::fs::metadata(out.join("MANIFEST")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o222, 0, "frozen files are read-only");
+}

@@ -43,6 +43,7 @@ enum Op {
     Retrievals(Vec<u32>),
     Consolidate(u32),
     Checkpoint,
+    Compact,
     Reopen,
 }
 
@@ -128,6 +129,7 @@ fn workload(seed: u64) -> Vec<Op> {
                 None => continue,
             },
             17 => Op::Checkpoint,
+            19 if rng.below(2) == 0 => Op::Compact,
             18 => Op::Reopen,
             _ => continue,
         };
@@ -161,6 +163,10 @@ fn run_op(bank: &mut Bank, op: &Op) -> Result<Option<u64>, BankError> {
         }
         Op::Checkpoint => {
             bank.checkpoint()?;
+            None
+        }
+        Op::Compact => {
+            bank.compact()?;
             None
         }
         Op::Reopen => None, // handled by the driver

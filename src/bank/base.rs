@@ -5,11 +5,12 @@
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::BankError;
+use crate::format::manifest::Manifest;
 use crate::format::payload::{Payload, decode_record};
 use crate::format::row::{ROW_SIZE_BYTES, Row};
 use crate::format::vector_crc32;
 use crate::storage::{
-    Mapping, OpenMode, PAYLOAD_FILE, Storage, StorageError, StorageFile, table_segment_file, vector_segment_file,
+    Mapping, OpenMode, Storage, StorageError, StorageFile, payload_file, table_segment_file, vector_segment_file,
 };
 
 pub(crate) struct SegmentMaps {
@@ -29,6 +30,8 @@ pub(crate) struct Base {
     storage: Arc<dyn Storage>,
     pub node_count: u32,
     pub rows_per_segment: u32,
+    /// The manifest's generation: which data files to read.
+    pub generation: u32,
     pub dim_count: u32,
     pub stride_bytes: u32,
     segments: RwLock<Vec<Slot>>,
@@ -39,19 +42,18 @@ pub(crate) struct Base {
 }
 
 impl Base {
-    pub fn new(storage: Arc<dyn Storage>, node_count: u32, rows_per_segment: u32, dim_count: u32) -> Base {
-        Base::with_trust(storage, node_count, rows_per_segment, dim_count, &[])
+    pub fn new(storage: Arc<dyn Storage>, manifest: &Manifest) -> Base {
+        Base::with_trust(storage, manifest, &[])
     }
 
     /// A base whose first segments carry trust over (the writer's own
     /// checkpoint wrote validated data into them; see `trusted_after`).
-    pub fn with_trust(
-        storage: Arc<dyn Storage>,
-        node_count: u32,
-        rows_per_segment: u32,
-        dim_count: u32,
-        trusted: &[bool],
-    ) -> Base {
+    pub fn with_trust(storage: Arc<dyn Storage>, manifest: &Manifest, trusted: &[bool]) -> Base {
+        let (node_count, rows_per_segment, dim_count) = (
+            manifest.node_count as u32,
+            manifest.rows_per_segment,
+            manifest.dim_count,
+        );
         let segment_count = node_count.div_ceil(rows_per_segment) as usize;
         let slots = (0..segment_count).map(|i| Slot {
             maps: None,
@@ -62,6 +64,7 @@ impl Base {
             node_count,
             rows_per_segment,
             dim_count,
+            generation: manifest.generation,
             stride_bytes: crate::format::vector_stride_bytes(dim_count),
             segments: RwLock::new(slots.collect()),
             payload_file: Mutex::new(None),
@@ -117,8 +120,14 @@ impl Base {
             return Ok(maps.clone());
         }
         Ok(Arc::new(SegmentMaps {
-            table: self.map_file(&table_segment_file(segment), self.table_segment_size_bytes())?,
-            vectors: self.map_file(&vector_segment_file(segment), self.vector_segment_size_bytes())?,
+            table: self.map_file(
+                &table_segment_file(self.generation, segment),
+                self.table_segment_size_bytes(),
+            )?,
+            vectors: self.map_file(
+                &vector_segment_file(self.generation, segment),
+                self.vector_segment_size_bytes(),
+            )?,
         }))
     }
 
@@ -135,7 +144,12 @@ impl Base {
     fn decode_row(&self, segment: u32, maps: &SegmentMaps, index: u32) -> Result<Row, BankError> {
         let offset = (index % self.rows_per_segment) as usize * ROW_SIZE_BYTES;
         Row::decode(&maps.table[offset..offset + ROW_SIZE_BYTES], index).map_err(|e| {
-            StorageError::corrupt(self.storage.describe(&table_segment_file(segment)), offset as u64, e).into()
+            StorageError::corrupt(
+                self.storage.describe(&table_segment_file(self.generation, segment)),
+                offset as u64,
+                e,
+            )
+            .into()
         })
     }
 
@@ -189,7 +203,7 @@ impl Base {
         if computed != row.vector_crc32 {
             let segment = row.index / self.rows_per_segment;
             return Err(BankError::Corrupt {
-                file: self.storage.describe(&vector_segment_file(segment)),
+                file: self.storage.describe(&vector_segment_file(self.generation, segment)),
                 offset_bytes: self.vector_range(row.index).start as u64,
                 detail: format!(
                     "vector of node {} fails its checksum (stored {:#010x}, computed {computed:#010x})",
@@ -202,7 +216,7 @@ impl Base {
 
     /// Reads the raw payload record of a checkpointed node.
     pub fn payload_record(&self, row: &Row) -> Result<Vec<u8>, BankError> {
-        let desc = self.storage.describe(PAYLOAD_FILE);
+        let desc = self.storage.describe(&payload_file(self.generation));
         let file = {
             let mut slot = self.payload_file.lock().unwrap();
             match slot.as_ref() {
@@ -210,7 +224,7 @@ impl Base {
                 None => {
                     let f = self
                         .storage
-                        .open(PAYLOAD_FILE, OpenMode::Read)
+                        .open(&payload_file(self.generation), OpenMode::Read)
                         .map_err(StorageError::io("open", desc.clone()))?;
                     *slot = Some(f.clone());
                     f
@@ -246,7 +260,13 @@ impl Base {
 
     pub fn payload(&self, row: &Row) -> Result<Payload, BankError> {
         let record = self.payload_record(row)?;
-        decode_record(&record, row.index)
-            .map_err(|e| StorageError::corrupt(self.storage.describe(PAYLOAD_FILE), row.payload_offset_bytes, e).into())
+        decode_record(&record, row.index).map_err(|e| {
+            StorageError::corrupt(
+                self.storage.describe(&payload_file(self.generation)),
+                row.payload_offset_bytes,
+                e,
+            )
+            .into()
+        })
     }
 }

@@ -11,7 +11,7 @@ use crate::format::row::{ROW_SIZE_BYTES, Row};
 use crate::format::wal::WalHeader;
 use crate::storage::wal::WalWriter;
 use crate::storage::{
-    MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, PAYLOAD_FILE, StorageError, StorageFile, replace_atomically,
+    MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, StorageError, StorageFile, payload_file, replace_atomically,
     table_segment_file, vector_segment_file,
 };
 
@@ -67,13 +67,7 @@ impl Bank {
         )?;
         let count = manifest.node_count as u32;
         let trusted = self.base.trusted_after(count);
-        self.base = Base::with_trust(
-            storage.clone(),
-            count,
-            manifest.rows_per_segment,
-            manifest.dim_count,
-            &trusted,
-        );
+        self.base = Base::with_trust(storage.clone(), &manifest, &trusted);
         self.overlay = Overlay::new(count, manifest.dim_count, manifest.payload_end_bytes);
         self.manifest = manifest;
         self.writer.as_mut().expect("writer").wal = wal;
@@ -86,9 +80,9 @@ impl Bank {
     fn write_data_files(&self) -> Result<bool, BankError> {
         let storage = self.storage.clone();
         let ov = &self.overlay;
-        let payload_desc = storage.describe(PAYLOAD_FILE);
+        let payload_desc = storage.describe(&payload_file(self.manifest.generation));
         let payload_file = storage
-            .open(PAYLOAD_FILE, OpenMode::ReadWrite)
+            .open(&payload_file(self.manifest.generation), OpenMode::ReadWrite)
             .map_err(StorageError::io("open", payload_desc.clone()))?;
         let mut at = self.manifest.payload_end_bytes;
         for record in &ov.payloads {
@@ -152,7 +146,7 @@ impl<'a> SegmentWriter<'a> {
     fn put_row(&mut self, row: &Row) -> Result<(), BankError> {
         let rps = self.bank.manifest.rows_per_segment;
         let size = u64::from(rps) * ROW_SIZE_BYTES as u64;
-        let name = table_segment_file(row.index / rps);
+        let name = table_segment_file(self.bank.manifest.generation, row.index / rps);
         let file = self.file(name.clone(), size)?;
         let offset = u64::from(row.index % rps) * ROW_SIZE_BYTES as u64;
         file.write_all_at(&row.encode(), offset)
@@ -163,7 +157,7 @@ impl<'a> SegmentWriter<'a> {
     fn put_vector(&mut self, index: u32, vector: &[f32]) -> Result<(), BankError> {
         let m = &self.bank.manifest;
         let size = u64::from(m.rows_per_segment) * u64::from(m.row_stride_bytes);
-        let name = vector_segment_file(index / m.rows_per_segment);
+        let name = vector_segment_file(m.generation, index / m.rows_per_segment);
         let file = self.file(name.clone(), size)?;
         let offset = u64::from(index % m.rows_per_segment) * u64::from(m.row_stride_bytes);
         file.write_all_at(bytemuck::cast_slice(vector), offset)

@@ -1,9 +1,26 @@
 //! Freeze (a compacted read-only copy) and compact (rewrite a live bank's
-//! data files under a new generation, switched by one manifest replace).
+//! data files as a new generation, switched by one manifest replace).
+//!
+//! Both stream the bank's current state, every node's newest row, its
+//! checked vector and its checked payload record, into a fresh set of data
+//! files, a segment at a time. Nothing is read past the manifest's bounds,
+//! so whatever a crashed checkpoint left there is dropped.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::sync::Arc;
 
+use super::open::new_salt;
 use super::{Bank, BankError};
+use crate::format::manifest::{MANIFEST_FLAG_FROZEN, Manifest};
+use crate::format::payload::check_record;
+use crate::format::row::ROW_SIZE_BYTES;
+use crate::format::wal::WalHeader;
+use crate::storage::wal::WalWriter;
+use crate::storage::{
+    FileStorage, MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, Storage, StorageError, StorageFile, data_file_generation,
+    payload_file, replace_atomically, table_segment_file, vector_segment_file,
+};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct FreezeReport {
@@ -20,16 +37,254 @@ pub struct CompactReport {
     pub generation: u32,
 }
 
+/// What `write_generation` produced.
+struct Written {
+    payload_end_bytes: u64,
+    bytes_written: u64,
+}
+
+/// Payload bytes are written in chunks of this size.
+const PAYLOAD_CHUNK_BYTES: usize = 8 * 1024 * 1024;
+
 impl Bank {
     /// Writes a compacted, fully checkpointed, read-only copy of this bank
-    /// to `out_dir` (which must not exist). Works from a reader or a writer.
+    /// to `out_dir`, which must not exist. It is built in a sibling
+    /// directory and renamed into place, so `out_dir` appears complete or
+    /// not at all. Works from a reader or a writer.
     pub fn freeze_to(&self, out_dir: &Path) -> Result<FreezeReport, BankError> {
-        let _ = out_dir;
-        Err(BankError::ReadOnly("freeze is not implemented yet".into()))
+        let out = out_dir.display().to_string();
+        if out_dir.exists() {
+            return Err(BankError::AlreadyExists { path: out });
+        }
+        let name = out_dir
+            .file_name()
+            .ok_or_else(|| BankError::BadConfig(format!("{out} has no file name")))?;
+        let tmp = out_dir.with_file_name(format!("{}.freezing", name.to_string_lossy()));
+        let io = |op| StorageError::io(op, tmp.display().to_string());
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(io("remove leftover"))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(io("create directory"))?;
+        let target = FileStorage::new(&tmp);
+        let written = self.write_generation(&target, 0)?;
+        let salt = new_salt(self.manifest.wal_salt);
+        WalWriter::create(&target, WalHeader { salt, start_lsn: 1 })?;
+        let manifest = Manifest {
+            sequence: 1,
+            flags: MANIFEST_FLAG_FROZEN,
+            generation: 0,
+            checkpoint_lsn: 0,
+            node_count: u64::from(self.node_count()),
+            payload_end_bytes: written.payload_end_bytes,
+            wal_salt: salt,
+            ..self.manifest.clone()
+        };
+        replace_atomically(&target, MANIFEST_FILE, MANIFEST_TMP_FILE, &manifest.encode())?;
+        make_read_only(&tmp)?;
+        std::fs::rename(&tmp, out_dir).map_err(io("rename"))?;
+        let parent = out_dir
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        std::fs::File::open(parent)
+            .and_then(|d| d.sync_all())
+            .map_err(io("fsync parent directory"))?;
+        Ok(FreezeReport {
+            nodes: manifest.node_count,
+            bytes_written: written.bytes_written,
+            out,
+        })
     }
 
-    /// Rewrites the data files without dead space; crash-safe.
+    /// Rewrites the data files as the next generation and switches to it
+    /// by replacing the manifest; then deletes the old generation. A crash
+    /// before the switch leaves the old bank as it was, after it the new
+    /// one; leftover files of other generations are removed at the next
+    /// writer open.
     pub fn compact(&mut self) -> Result<CompactReport, BankError> {
-        Err(BankError::ReadOnly("compact is not implemented yet".into()))
+        self.check_writable()?;
+        // Any I/O failure poisons, as everywhere else: simpler to reason
+        // about than telling harmless failures (new files only) apart.
+        self.compact_inner().inspect_err(|e| {
+            if matches!(e, BankError::Storage(_)) {
+                self.poison(format!("compact failed: {e}"));
+            }
+        })
     }
+
+    fn compact_inner(&mut self) -> Result<CompactReport, BankError> {
+        self.checkpoint()?;
+        let storage = self.storage.clone();
+        let bytes_before = self.data_file_bytes()?;
+        let generation = self.manifest.generation + 1;
+        self.remove_data_files(|g| g == generation)?;
+        let written = self.write_generation(storage.as_ref(), generation)?;
+        let manifest = Manifest {
+            sequence: self.manifest.sequence + 1,
+            generation,
+            payload_end_bytes: written.payload_end_bytes,
+            ..self.manifest.clone()
+        };
+        replace_atomically(storage.as_ref(), MANIFEST_FILE, MANIFEST_TMP_FILE, &manifest.encode())?;
+        let trusted = vec![true; manifest.node_count.div_ceil(u64::from(manifest.rows_per_segment)) as usize];
+        self.base = super::base::Base::with_trust(storage.clone(), &manifest, &trusted);
+        self.manifest = manifest;
+        self.remove_data_files(|g| g != generation)?;
+        Ok(CompactReport {
+            nodes: self.manifest.node_count,
+            bytes_before,
+            bytes_after: self.data_file_bytes()?,
+            generation,
+        })
+    }
+
+    pub(crate) fn poison(&mut self, reason: String) {
+        if let Some(w) = self.writer.as_mut() {
+            w.poisoned = Some(reason);
+        }
+    }
+
+    /// Removes data files whose generation matches `doomed` (writer only:
+    /// readers never delete). Used by compact and at writer open.
+    pub(crate) fn remove_data_files(&self, doomed: impl Fn(u32) -> bool) -> Result<(), BankError> {
+        let storage = self.storage.as_ref();
+        let names = storage.list().map_err(StorageError::io("list", storage.describe("")))?;
+        let mut removed = false;
+        for name in names.iter().filter(|n| data_file_generation(n).is_some_and(&doomed)) {
+            storage
+                .remove(name)
+                .map_err(StorageError::io("remove", storage.describe(name)))?;
+            removed = true;
+        }
+        if removed {
+            storage
+                .sync_dir()
+                .map_err(StorageError::io("fsync directory", storage.describe("")))?;
+        }
+        Ok(())
+    }
+
+    /// Bytes of all data files on disk (every generation present).
+    fn data_file_bytes(&self) -> Result<u64, BankError> {
+        let storage = self.storage.as_ref();
+        let mut total = 0;
+        for name in storage.list().map_err(StorageError::io("list", storage.describe("")))? {
+            if data_file_generation(&name).is_some() {
+                let file = storage
+                    .open(&name, OpenMode::Read)
+                    .map_err(StorageError::io("open", storage.describe(&name)))?;
+                total += file
+                    .len_bytes()
+                    .map_err(StorageError::io("stat", storage.describe(&name)))?;
+            }
+        }
+        Ok(total)
+    }
+
+    /// Streams the current state into generation `generation` of `target`
+    /// and fsyncs it (files and directory).
+    fn write_generation(&self, target: &dyn Storage, generation: u32) -> Result<Written, BankError> {
+        let rows_per_segment = self.manifest.rows_per_segment;
+        let payload_name = payload_file(generation);
+        let payloads = create_file(target, &payload_name, 0)?;
+        let mut out = Written {
+            payload_end_bytes: 0,
+            bytes_written: 0,
+        };
+        let mut pending: Vec<u8> = Vec::new();
+        for segment in 0..self.node_count().div_ceil(rows_per_segment) {
+            let first = segment * rows_per_segment;
+            let last = (first + rows_per_segment).min(self.node_count());
+            let stride = self.manifest.row_stride_bytes as usize;
+            let mut table = vec![0u8; (last - first) as usize * ROW_SIZE_BYTES];
+            let mut vectors = vec![0u8; (last - first) as usize * stride];
+            for index in first..last {
+                let mut row = self.row(index)?;
+                let record = self.payload_record_checked(index)?;
+                row.payload_offset_bytes = out.payload_end_bytes + pending.len() as u64;
+                pending.extend_from_slice(&record);
+                let slot = (index - first) as usize;
+                table[slot * ROW_SIZE_BYTES..(slot + 1) * ROW_SIZE_BYTES].copy_from_slice(&row.encode());
+                let vector = self.vector(index)?;
+                vectors[slot * stride..slot * stride + vector.len() * 4].copy_from_slice(bytemuck::cast_slice(&vector));
+                if pending.len() >= PAYLOAD_CHUNK_BYTES {
+                    flush(payloads.as_ref(), target, &payload_name, &mut pending, &mut out)?;
+                }
+            }
+            let table_size = u64::from(rows_per_segment) * ROW_SIZE_BYTES as u64;
+            let vector_size = u64::from(rows_per_segment) * stride as u64;
+            write_segment(target, &table_segment_file(generation, segment), table_size, &table)?;
+            write_segment(target, &vector_segment_file(generation, segment), vector_size, &vectors)?;
+            out.bytes_written += (table.len() + vectors.len()) as u64;
+        }
+        flush(payloads.as_ref(), target, &payload_name, &mut pending, &mut out)?;
+        payloads
+            .sync_data()
+            .map_err(StorageError::io("fsync", target.describe(&payload_name)))?;
+        target
+            .sync_dir()
+            .map_err(StorageError::io("fsync directory", target.describe("")))?;
+        Ok(out)
+    }
+
+    /// A node's payload record, framing and CRC checked.
+    fn payload_record_checked(&self, index: u32) -> Result<Vec<u8>, BankError> {
+        let record = if index >= self.overlay.base_count {
+            self.overlay.payload_record(index).to_vec()
+        } else {
+            self.base.payload_record(&self.row(index)?)?
+        };
+        check_record(&record, index).map_err(|e| BankError::Corrupt {
+            file: self.storage.describe(&payload_file(self.manifest.generation)),
+            offset_bytes: self.row(index).map_or(0, |r| r.payload_offset_bytes),
+            detail: e.to_string(),
+        })?;
+        Ok(record)
+    }
+}
+
+fn create_file(target: &dyn Storage, name: &str, size_bytes: u64) -> Result<Arc<dyn StorageFile>, BankError> {
+    let file = target
+        .open(name, OpenMode::Create)
+        .map_err(StorageError::io("create", target.describe(name)))?;
+    file.set_len(size_bytes)
+        .map_err(StorageError::io("size", target.describe(name)))?;
+    Ok(file)
+}
+
+fn write_segment(target: &dyn Storage, name: &str, size_bytes: u64, bytes: &[u8]) -> Result<(), BankError> {
+    let file = create_file(target, name, size_bytes)?;
+    file.write_all_at(bytes, 0)
+        .map_err(StorageError::io("write", target.describe(name)))?;
+    file.sync_data()
+        .map_err(StorageError::io("fsync", target.describe(name)))?;
+    Ok(())
+}
+
+fn flush(
+    file: &dyn StorageFile,
+    target: &dyn Storage,
+    name: &str,
+    pending: &mut Vec<u8>,
+    out: &mut Written,
+) -> Result<(), BankError> {
+    file.write_all_at(pending, out.payload_end_bytes)
+        .map_err(StorageError::io("write", target.describe(name)))?;
+    out.payload_end_bytes += pending.len() as u64;
+    out.bytes_written += pending.len() as u64;
+    pending.clear();
+    Ok(())
+}
+
+/// Frozen files are made read-only (0444): a frozen bank never changes.
+fn make_read_only(dir: &Path) -> Result<(), BankError> {
+    let entries = std::fs::read_dir(dir).map_err(StorageError::io("list", dir.display().to_string()))?;
+    for entry in entries {
+        let path = entry
+            .map_err(StorageError::io("list", dir.display().to_string()))?
+            .path();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444))
+            .map_err(StorageError::io("chmod", path.display().to_string()))?;
+    }
+    Ok(())
 }

@@ -12,7 +12,7 @@ use crate::format::wal::{WalHeader, WalOp, decode_ops};
 use crate::format::{MAX_DIM_COUNT, default_rows_per_segment, vector_stride_bytes};
 use crate::storage::wal::{WalScan, WalWriter, scan};
 use crate::storage::{
-    FileStorage, MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, PAYLOAD_FILE, Storage, StorageError, read_all,
+    FileStorage, MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, Storage, StorageError, payload_file, read_all,
     replace_atomically,
 };
 
@@ -176,6 +176,7 @@ impl Bank {
             eps: config.eps,
             max_depth: config.max_depth,
             consolidate_after: config.consolidate_after,
+            generation: 0,
             checkpoint_lsn: 0,
             node_count: 0,
             payload_end_bytes: 0,
@@ -185,11 +186,11 @@ impl Bank {
         };
         manifest.validate().map_err(|e| BankError::BadConfig(e.to_string()))?;
         let payload = storage
-            .open(PAYLOAD_FILE, OpenMode::Create)
-            .map_err(StorageError::io("create", storage.describe(PAYLOAD_FILE)))?;
+            .open(&payload_file(0), OpenMode::Create)
+            .map_err(StorageError::io("create", storage.describe(&payload_file(0))))?;
         payload
             .set_len(0)
-            .map_err(StorageError::io("truncate", storage.describe(PAYLOAD_FILE)))?;
+            .map_err(StorageError::io("truncate", storage.describe(&payload_file(0))))?;
         let wal = WalWriter::create(storage.as_ref(), WalHeader { salt, start_lsn: 1 })?;
         replace_atomically(storage.as_ref(), MANIFEST_FILE, MANIFEST_TMP_FILE, &manifest.encode())?;
         let writer = Writer {
@@ -206,7 +207,7 @@ impl Bank {
     fn assemble(storage: Arc<dyn Storage>, manifest: Manifest, writer: Option<Writer>) -> Bank {
         let count = manifest.node_count as u32;
         Bank {
-            base: Base::new(storage.clone(), count, manifest.rows_per_segment, manifest.dim_count),
+            base: Base::new(storage.clone(), &manifest),
             overlay: Overlay::new(count, manifest.dim_count, manifest.payload_end_bytes),
             storage,
             manifest,
@@ -218,6 +219,13 @@ impl Bank {
     /// Opens a bank: as the single writer (taking the lock and recovering
     /// the WAL), or read-only (no lock; the WAL is replayed in memory only).
     pub fn open(storage: Arc<dyn Storage>, options: OpenOptions) -> Result<Bank, BankError> {
+        if !options.read_only && read_manifest(storage.as_ref())?.is_frozen() {
+            // Checked before locking so a frozen directory is never written.
+            return Err(BankError::ReadOnly(format!(
+                "{} is frozen; open it read-only",
+                storage.describe("")
+            )));
+        }
         let lock = if options.read_only {
             None
         } else {
@@ -225,7 +233,10 @@ impl Bank {
         };
         let (manifest, wal_scan) = read_consistent_state(storage.as_ref(), options.read_only)?;
         if manifest.is_frozen() && !options.read_only {
-            return Err(BankError::ReadOnly(format!("{} is frozen", storage.describe(""))));
+            return Err(BankError::ReadOnly(format!(
+                "{} is frozen; open it read-only",
+                storage.describe("")
+            )));
         }
         let mut bank = Bank::assemble(storage.clone(), manifest, None);
         let stale = wal_scan.header.salt != bank.manifest.wal_salt;
@@ -235,14 +246,11 @@ impl Bank {
         if let Some(lock) = lock {
             let wal = if stale {
                 // Every record of a stale WAL is covered by the checkpoint.
-                let start_lsn = bank.manifest.checkpoint_lsn + 1;
-                WalWriter::create(
-                    storage.as_ref(),
-                    WalHeader {
-                        salt: bank.manifest.wal_salt,
-                        start_lsn,
-                    },
-                )?
+                let header = WalHeader {
+                    salt: bank.manifest.wal_salt,
+                    start_lsn: bank.manifest.checkpoint_lsn + 1,
+                };
+                WalWriter::create(storage.as_ref(), header)?
             } else {
                 WalWriter::resume(storage.as_ref(), &wal_scan)?
             };
@@ -254,6 +262,9 @@ impl Bank {
                 last_sync: Instant::now(),
                 checkpoint_wal_bytes: options.checkpoint_wal_bytes,
             });
+            // Files of other generations are what a crashed compact left.
+            let live = bank.manifest.generation;
+            bank.remove_data_files(|g| g != live)?;
         }
         Ok(bank)
     }

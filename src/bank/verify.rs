@@ -6,7 +6,7 @@ use crate::format::payload::decode_record;
 use crate::format::row::{NodeType, ROW_SIZE_BYTES, Row};
 use crate::format::{NODE_NONE, vector_crc32};
 use crate::storage::wal::scan;
-use crate::storage::{OpenMode, PAYLOAD_FILE, StorageError, WAL_FILE, table_segment_file, vector_segment_file};
+use crate::storage::{OpenMode, StorageError, WAL_FILE, payload_file, table_segment_file, vector_segment_file};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Problem {
@@ -69,9 +69,10 @@ impl Bank {
             match self.base.row_unverified(index) {
                 Ok(row) => {
                     if row.payload_offset_bytes != expected_payload_offset {
-                        let desc = self
-                            .storage
-                            .describe(&table_segment_file(index / self.base.rows_per_segment));
+                        let desc = self.storage.describe(&table_segment_file(
+                            self.manifest.generation,
+                            index / self.base.rows_per_segment,
+                        ));
                         report.add(
                             desc,
                             row_offset(self, index),
@@ -93,7 +94,7 @@ impl Bank {
         }
         if expected_payload_offset != self.manifest.payload_end_bytes && report.is_ok() {
             report.add(
-                self.storage.describe(PAYLOAD_FILE),
+                self.storage.describe(&payload_file(self.manifest.generation)),
                 expected_payload_offset,
                 "payload log end disagrees with the manifest".into(),
             );
@@ -111,6 +112,14 @@ impl Bank {
     fn verify_wal(&self, report: &mut VerifyReport) -> Result<(), BankError> {
         let wal = scan(self.storage.as_ref())?;
         report.wal_records = wal.records.len() as u64;
+        if self.manifest.is_frozen() && (!wal.records.is_empty() || wal.stop_reason.is_some()) {
+            let detail = "a frozen bank's WAL must hold its header only".to_string();
+            report.add(
+                self.storage.describe(WAL_FILE),
+                crate::format::wal::WAL_HEADER_SIZE_BYTES as u64,
+                detail,
+            );
+        }
         if wal.header.salt == self.manifest.wal_salt
             && let Some(reason) = wal.stop_reason
         {
@@ -130,7 +139,9 @@ impl Bank {
             report.add_error(&self.storage.describe(""), e);
         }
         let segment = row.index / self.base.rows_per_segment;
-        let vec_desc = self.storage.describe(&vector_segment_file(segment));
+        let vec_desc = self
+            .storage
+            .describe(&vector_segment_file(self.manifest.generation, segment));
         match self.base.segment_unverified(segment) {
             Ok(maps) => {
                 let range = self.base.vector_range(row.index);
@@ -166,7 +177,7 @@ impl Bank {
             Ok(record) => {
                 if let Err(e) = decode_record(&record, row.index) {
                     report.add(
-                        self.storage.describe(PAYLOAD_FILE),
+                        self.storage.describe(&payload_file(self.manifest.generation)),
                         row.payload_offset_bytes + e.offset_bytes(),
                         e.to_string(),
                     );
@@ -179,9 +190,10 @@ impl Bank {
     /// Parent, depth, type and consolidation links of one row.
     fn check_links(&self, row: &Row) -> Result<(), BankError> {
         let bad = |detail: String| {
-            let file = self
-                .storage
-                .describe(&table_segment_file(row.index / self.base.rows_per_segment));
+            let file = self.storage.describe(&table_segment_file(
+                self.manifest.generation,
+                row.index / self.base.rows_per_segment,
+            ));
             Err(BankError::Corrupt {
                 file,
                 offset_bytes: row_offset(self, row.index),
@@ -244,14 +256,18 @@ impl Bank {
     fn verify_unused_space(&self, report: &mut VerifyReport) -> Result<(), BankError> {
         let payload = self
             .storage
-            .open(PAYLOAD_FILE, OpenMode::Read)
-            .map_err(StorageError::io("open", self.storage.describe(PAYLOAD_FILE)))?;
-        let len = payload
-            .len_bytes()
-            .map_err(StorageError::io("stat", self.storage.describe(PAYLOAD_FILE)))?;
+            .open(&payload_file(self.manifest.generation), OpenMode::Read)
+            .map_err(StorageError::io(
+                "open",
+                self.storage.describe(&payload_file(self.manifest.generation)),
+            ))?;
+        let len = payload.len_bytes().map_err(StorageError::io(
+            "stat",
+            self.storage.describe(&payload_file(self.manifest.generation)),
+        ))?;
         if len < self.manifest.payload_end_bytes {
             report.add(
-                self.storage.describe(PAYLOAD_FILE),
+                self.storage.describe(&payload_file(self.manifest.generation)),
                 len,
                 format!(
                     "file ends before the manifest's payload end {}",
@@ -268,9 +284,13 @@ impl Bank {
         let maps = self.base.segment_unverified(segment)?;
         let used_rows = (count % rps) as usize;
         let checks = [
-            (table_segment_file(segment), &maps.table[..], used_rows * ROW_SIZE_BYTES),
             (
-                vector_segment_file(segment),
+                table_segment_file(self.manifest.generation, segment),
+                &maps.table[..],
+                used_rows * ROW_SIZE_BYTES,
+            ),
+            (
+                vector_segment_file(self.manifest.generation, segment),
                 &maps.vectors[..],
                 used_rows * self.base.stride_bytes as usize,
             ),

@@ -19,6 +19,7 @@ pub const MAN_EPS_OFFSET: usize = 40;
 pub const MAN_MAX_DEPTH_OFFSET: usize = 44;
 pub const MAN_TREE_COUNT_OFFSET: usize = 45;
 pub const MAN_CONSOLIDATE_AFTER_OFFSET: usize = 48;
+pub const MAN_GENERATION_OFFSET: usize = 52;
 pub const MAN_CHECKPOINT_LSN_OFFSET: usize = 56;
 pub const MAN_NODE_COUNT_OFFSET: usize = 64;
 pub const MAN_PAYLOAD_END_OFFSET: usize = 72;
@@ -54,6 +55,9 @@ pub struct Manifest {
     pub eps: f32,
     pub max_depth: u8,
     pub consolidate_after: u32,
+    /// Which set of data files is live; `compact` writes the next one
+    /// beside it and switches by replacing the manifest.
+    pub generation: u32,
     pub checkpoint_lsn: u64,
     pub node_count: u64,
     pub payload_end_bytes: u64,
@@ -86,6 +90,7 @@ impl Manifest {
         b[MAN_MAX_DEPTH_OFFSET] = self.max_depth;
         b[MAN_TREE_COUNT_OFFSET] = self.trees.len() as u8;
         put_u32(&mut b, MAN_CONSOLIDATE_AFTER_OFFSET, self.consolidate_after);
+        put_u32(&mut b, MAN_GENERATION_OFFSET, self.generation);
         put_u64(&mut b, MAN_CHECKPOINT_LSN_OFFSET, self.checkpoint_lsn);
         put_u64(&mut b, MAN_NODE_COUNT_OFFSET, self.node_count);
         put_u64(&mut b, MAN_PAYLOAD_END_OFFSET, self.payload_end_bytes);
@@ -129,7 +134,6 @@ impl Manifest {
         )?;
         for reserved in [
             46..48,
-            52..56,
             96..MAN_TREES_OFFSET,
             MAN_TREES_OFFSET + MAX_TREES * TREE_ENTRY_SIZE_BYTES..MAN_CRC_OFFSET,
         ] {
@@ -152,6 +156,7 @@ impl Manifest {
             eps: get_f32(b, MAN_EPS_OFFSET),
             max_depth: b[MAN_MAX_DEPTH_OFFSET],
             consolidate_after: get_u32(b, MAN_CONSOLIDATE_AFTER_OFFSET),
+            generation: get_u32(b, MAN_GENERATION_OFFSET),
             checkpoint_lsn: get_u64(b, MAN_CHECKPOINT_LSN_OFFSET),
             node_count: get_u64(b, MAN_NODE_COUNT_OFFSET),
             payload_end_bytes: get_u64(b, MAN_PAYLOAD_END_OFFSET),
@@ -269,6 +274,7 @@ mod tests {
             eps: 0.05,
             max_depth: 5,
             consolidate_after: 3,
+            generation: 2,
             checkpoint_lsn: 41,
             node_count: 40,
             payload_end_bytes: 9000,

@@ -91,6 +91,9 @@ impl<S: Storage> Storage for CountingStorage<S> {
     fn remove(&self, name: &str) -> io::Result<()> {
         self.inner.remove(name)
     }
+    fn list(&self) -> io::Result<Vec<String>> {
+        self.inner.list()
+    }
     fn sync_dir(&self) -> io::Result<()> {
         self.inner.sync_dir()
     }

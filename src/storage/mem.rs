@@ -154,6 +154,10 @@ impl Storage for MemStorage {
         Ok(())
     }
 
+    fn list(&self) -> io::Result<Vec<String>> {
+        Ok(self.file_names())
+    }
+
     fn sync_dir(&self) -> io::Result<()> {
         Ok(())
     }

@@ -24,15 +24,40 @@ pub const MANIFEST_FILE: &str = "MANIFEST";
 pub const MANIFEST_TMP_FILE: &str = "MANIFEST.tmp";
 pub const WAL_FILE: &str = "wal.log";
 pub const WAL_TMP_FILE: &str = "wal.tmp";
-pub const PAYLOAD_FILE: &str = "payloads.log";
 pub const LOCK_FILE: &str = "LOCK";
 
-pub fn table_segment_file(segment: u32) -> String {
-    format!("nodes-{segment:06}.seg")
+/// Data file names carry the manifest's generation from 1 on; generation 0
+/// (every bank until its first `compact`) uses the plain names.
+fn generation_suffix(generation: u32) -> String {
+    if generation == 0 {
+        String::new()
+    } else {
+        format!(".g{generation}")
+    }
 }
 
-pub fn vector_segment_file(segment: u32) -> String {
-    format!("vectors-{segment:06}.seg")
+pub fn payload_file(generation: u32) -> String {
+    format!("payloads{}.log", generation_suffix(generation))
+}
+
+pub fn table_segment_file(generation: u32, segment: u32) -> String {
+    format!("nodes-{segment:06}{}.seg", generation_suffix(generation))
+}
+
+pub fn vector_segment_file(generation: u32, segment: u32) -> String {
+    format!("vectors-{segment:06}{}.seg", generation_suffix(generation))
+}
+
+/// The generation a data file belongs to, or None if `name` is not one.
+pub fn data_file_generation(name: &str) -> Option<u32> {
+    let stem = name.strip_suffix(".seg").or_else(|| name.strip_suffix(".log"))?;
+    if !(stem.starts_with("nodes-") || stem.starts_with("vectors-") || stem.starts_with("payloads")) {
+        return None;
+    }
+    match stem.rsplit_once(".g") {
+        Some((_, g)) => g.parse().ok(),
+        None => Some(0),
+    }
 }
 
 #[derive(Debug, Error)]
@@ -124,6 +149,8 @@ pub trait Storage: Send + Sync {
     /// Atomically replaces `to` with `from`.
     fn rename(&self, from: &str, to: &str) -> io::Result<()>;
     fn remove(&self, name: &str) -> io::Result<()>;
+    /// Names of the files in the directory, in any order.
+    fn list(&self) -> io::Result<Vec<String>>;
     /// Makes creations and renames in the directory durable.
     fn sync_dir(&self) -> io::Result<()>;
     /// Takes the single-writer lock without waiting; the lock is held until

@@ -424,6 +424,10 @@ impl Storage for SimStorage {
         Ok(())
     }
 
+    fn list(&self) -> io::Result<Vec<String>> {
+        Ok(self.file_names())
+    }
+
     fn sync_dir(&self) -> io::Result<()> {
         let mut s = self.state.lock().unwrap();
         if s.begin("fsync directory")?.is_some() {
