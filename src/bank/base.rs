@@ -39,7 +39,13 @@ pub(crate) struct Base {
     /// Rows torn by a crashed checkpoint whose WAL image replaces them
     /// (see `Bank::seed_torn_rows`); the segment check skips them.
     pub superseded: std::collections::BTreeSet<u32>,
+    /// Read-only handles retry rows that fail their checksum (see
+    /// `decode_row`); the writer never races itself.
+    pub retry_torn_rows: bool,
 }
+
+/// How often a reader re-reads a row that fails its checksum.
+const TORN_ROW_ATTEMPTS: u32 = 16;
 
 impl Base {
     pub fn new(storage: Arc<dyn Storage>, manifest: &Manifest) -> Base {
@@ -69,6 +75,7 @@ impl Base {
             segments: RwLock::new(slots.collect()),
             payload_file: Mutex::new(None),
             superseded: Default::default(),
+            retry_torn_rows: false,
         }
     }
 
@@ -143,7 +150,20 @@ impl Base {
 
     fn decode_row(&self, segment: u32, maps: &SegmentMaps, index: u32) -> Result<Row, BankError> {
         let offset = (index % self.rows_per_segment) as usize * ROW_SIZE_BYTES;
-        Row::decode(&maps.table[offset..offset + ROW_SIZE_BYTES], index).map_err(|e| {
+        // A reader can catch a row mid-rewrite by the writer's checkpoint
+        // (shared mapping); a few short retries separate that from damage.
+        let attempts = if self.retry_torn_rows { TORN_ROW_ATTEMPTS } else { 1 };
+        let mut result = Row::decode(&maps.table[offset..offset + ROW_SIZE_BYTES], index);
+        for _ in 1..attempts {
+            if result.is_ok() {
+                break;
+            }
+            // The writer's pwrite of one row takes microseconds: yielding
+            // lets it finish without slowing down real damage reports.
+            std::thread::yield_now();
+            result = Row::decode(&maps.table[offset..offset + ROW_SIZE_BYTES], index);
+        }
+        result.map_err(|e| {
             StorageError::corrupt(
                 self.storage.describe(&table_segment_file(self.generation, segment)),
                 offset as u64,

@@ -80,6 +80,14 @@ pub struct NodeInfo {
     pub payload: Payload,
 }
 
+/// An external id as stored: its 16 bytes and whether they are a UUID's
+/// (the same bytes as text and as a UUID are two different ids).
+pub(crate) type ExternalKey = ([u8; 16], bool);
+
+pub(crate) fn external_key(bytes: [u8; 16], flags: u8) -> ExternalKey {
+    (bytes, flags & crate::format::row::FLAG_EXTERNAL_ID_UUID != 0)
+}
+
 struct Writer {
     _lock: Box<dyn Send + Sync>,
     wal: WalWriter,
@@ -97,7 +105,7 @@ pub struct Bank {
     overlay: Overlay,
     writer: Option<Writer>,
     /// External id -> index, built on first use (O(N) once).
-    external_ids: Mutex<Option<HashMap<[u8; 16], u32>>>,
+    external_ids: Mutex<Option<HashMap<ExternalKey, u32>>>,
 }
 
 impl Bank {
@@ -143,7 +151,16 @@ impl Bank {
             return Ok(row.clone());
         }
         if index < self.base.node_count {
-            return self.base.row(index);
+            let mut row = self.base.row(index)?;
+            if row.link != crate::format::NODE_NONE && row.link >= self.node_count() {
+                // A reader's mapping shows rows a later checkpoint of the
+                // writer rewrote in place: a consolidation into a root this
+                // handle cannot see yet is hidden until `refresh`, so the
+                // source stays matchable and its chain complete.
+                row.flags &= !crate::format::row::FLAG_CONSOLIDATED;
+                row.link = crate::format::NODE_NONE;
+            }
+            return Ok(row);
         }
         Err(BankError::UnknownNode(index.to_string()))
     }
@@ -187,22 +204,22 @@ impl Bank {
             NodeRef::Index(i) if *i < self.node_count() => Ok(*i),
             NodeRef::Index(i) => Err(BankError::UnknownNode(i.to_string())),
             NodeRef::External(text) => {
-                let (key, _) = crate::format::row::encode_external_id(text)
+                let (bytes, flags) = crate::format::row::encode_external_id(text)
                     .ok_or_else(|| BankError::UnknownNode(format!("{text:?}")))?;
-                self.with_external_ids(|ids| ids.get(&key).copied())?
+                self.with_external_ids(|ids| ids.get(&external_key(bytes, flags)).copied())?
                     .ok_or_else(|| BankError::UnknownNode(format!("{text:?}")))
             }
         }
     }
 
-    fn with_external_ids<T>(&self, f: impl FnOnce(&mut HashMap<[u8; 16], u32>) -> T) -> Result<T, BankError> {
+    fn with_external_ids<T>(&self, f: impl FnOnce(&mut HashMap<ExternalKey, u32>) -> T) -> Result<T, BankError> {
         let mut slot = self.external_ids.lock().unwrap();
         if slot.is_none() {
             let mut map = HashMap::new();
             for index in 0..self.node_count() {
                 let row = self.row(index)?;
                 if row.external_id_text().is_some() {
-                    map.insert(row.external_id, index);
+                    map.insert(external_key(row.external_id, row.flags), index);
                 }
             }
             *slot = Some(map);

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use super::apply::check_record_size;
 use super::open::now_unix_ms;
 use super::scan::QueryOptions;
-use super::{Bank, BankError, NodeRef, SyncPolicy};
+use super::{Bank, BankError, ExternalKey, NodeRef, SyncPolicy, external_key};
 use crate::format::payload::{Payload, encode_record};
 use crate::format::row::{FLAG_CONSOLIDATED, FLAG_CONSOLIDATED_ROOT, Label, NodeType, Row, encode_external_id};
 use crate::format::wal::{WalOp, encode_ops};
@@ -149,7 +149,7 @@ impl Bank {
         Ok(acks)
     }
 
-    fn forget_external_ids(&self, keys: &[[u8; 16]]) -> Result<(), BankError> {
+    fn forget_external_ids(&self, keys: &[ExternalKey]) -> Result<(), BankError> {
         self.with_external_ids(|ids| {
             for key in keys {
                 ids.remove(key);
@@ -159,7 +159,7 @@ impl Bank {
 
     /// Validates a node and builds its op against the current state,
     /// without changing anything. The ack's lsn is filled in by the caller.
-    fn prepare_insert(&self, node: &NewNode) -> Result<(WalOp, InsertAck, Option<[u8; 16]>), BankError> {
+    fn prepare_insert(&self, node: &NewNode) -> Result<(WalOp, InsertAck, Option<ExternalKey>), BankError> {
         let tree = self.tree_index(&node.tree)?;
         let vector = normalise(&node.embedding, self.manifest.dim_count)?;
         if node.payload.scenario.trim().is_empty() {
@@ -205,7 +205,7 @@ impl Bank {
             matched,
             lsn: 0,
         };
-        let key = (id_flags != 0).then_some(external_id);
+        let key = (id_flags != 0).then_some(external_key(external_id, id_flags));
         Ok((
             WalOp::PutNode {
                 row,
@@ -225,7 +225,7 @@ impl Bank {
             id: text.to_string(),
             detail: "must be a lowercase hyphenated UUID or 1..=16 bytes of text".into(),
         })?;
-        if let Some(existing) = self.with_external_ids(|ids| ids.get(&key).copied())? {
+        if let Some(existing) = self.with_external_ids(|ids| ids.get(&external_key(key, flags)).copied())? {
             return Err(BankError::DuplicateExternalId {
                 id: text.to_string(),
                 existing,
@@ -303,8 +303,8 @@ impl Bank {
     }
 
     /// Bumps `retrievals` of every node of a chain that was used, in one
-    /// transaction. Returns its LSN (with no ids: the next LSN, nothing
-    /// written).
+    /// transaction. Returns its LSN (with no ids nothing is written and
+    /// the LSN of the last committed record is returned).
     pub fn record_retrievals(&mut self, indexes: &[u32]) -> Result<u64, BankError> {
         self.check_writable()?;
         let mut ops = Vec::with_capacity(indexes.len());
@@ -318,7 +318,7 @@ impl Bank {
             ops.push(WalOp::PutRow { row });
         }
         if ops.is_empty() {
-            return Ok(self.writer.as_ref().map_or(0, |w| w.wal.next_lsn()));
+            return Ok(self.writer.as_ref().map_or(0, |w| w.wal.next_lsn() - 1));
         }
         self.commit(ops, None)
     }

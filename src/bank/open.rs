@@ -239,6 +239,7 @@ impl Bank {
             )));
         }
         let mut bank = Bank::assemble(storage.clone(), manifest, None);
+        bank.base.retry_torn_rows = options.read_only;
         let stale = wal_scan.header.salt != bank.manifest.wal_salt;
         if !stale {
             bank.replay(&wal_scan)?;

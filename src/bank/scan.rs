@@ -3,11 +3,11 @@
 
 use super::mutate::normalise;
 use super::{Bank, BankError};
-use crate::format::get_u16;
 use crate::format::row::{
-    FLAG_CONSOLIDATED, Label, NodeType, ROW_DEPTH_OFFSET, ROW_FLAGS_OFFSET, ROW_LABEL_OFFSET, ROW_SIZE_BYTES,
-    ROW_TREE_OFFSET,
+    FLAG_CONSOLIDATED, Label, NodeType, ROW_DEPTH_OFFSET, ROW_FLAGS_OFFSET, ROW_LABEL_OFFSET, ROW_LINK_OFFSET,
+    ROW_SIZE_BYTES, ROW_TREE_OFFSET,
 };
+use crate::format::{get_u16, get_u32};
 use crate::tree::{Candidate, TopK, penalised_score};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -69,6 +69,7 @@ struct ScanParams {
     tau: f32,
     eps: f32,
     include_consolidated: bool,
+    visible_count: u32,
 }
 
 impl Bank {
@@ -108,6 +109,7 @@ impl Bank {
             tau: options.tau.unwrap_or(self.manifest.trees[usize::from(tree)].tau),
             eps: options.eps.unwrap_or(self.manifest.eps),
             include_consolidated: options.include_consolidated,
+            visible_count: self.node_count(),
         };
         // Checkpointed rows consolidated since the checkpoint still carry
         // the old flag in the mapping. Flags only ever get set, so asking
@@ -151,7 +153,12 @@ impl Bank {
                 if get_u16(row, ROW_TREE_OFFSET) != p.tree {
                     continue;
                 }
-                if !p.include_consolidated && row[ROW_FLAGS_OFFSET] & FLAG_CONSOLIDATED != 0 {
+                // A link past the visible nodes is a consolidation committed
+                // after this reader opened (see `Bank::row`): not yet in force.
+                if !p.include_consolidated
+                    && row[ROW_FLAGS_OFFSET] & FLAG_CONSOLIDATED != 0
+                    && get_u32(row, ROW_LINK_OFFSET) < p.visible_count
+                {
                     continue;
                 }
                 let label = if row[ROW_LABEL_OFFSET] == Label::Failure as u8 {

@@ -1,0 +1,235 @@
+//! Opening a bank costs the same whatever its node count: open reads the
+//! manifest and the WAL and nothing else; segments are mapped and payloads
+//! read on first use. Proved by counting, through `CountingStorage`, the
+//! bytes read and the files mapped while opening a 1,000-node and a
+//! 100,000-node bank.
+//!
+//! Timings and sizes are printed (`--nocapture`), never asserted.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use deltamem::storage::{CountingStorage, FileStorage, IoCounts, Storage};
+use deltamem::{Attach, Bank, BankConfig, Label, NewNode, NodeRef, OpenOptions, Payload, QueryOptions, SyncPolicy};
+
+const DIM: usize = 64;
+
+/// splitmix64: a tiny seeded PRNG, enough for test vectors.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    fn unit_f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    /// A random direction, L2-normalised.
+    fn vector(&mut self) -> Vec<f32> {
+        loop {
+            let v: Vec<f32> = (0..DIM).map(|_| self.unit_f32()).collect();
+            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            if norm > 1e-3 {
+                return v.iter().map(|x| x / norm).collect();
+            }
+        }
+    }
+}
+
+/// Builds a bank of `count` nodes in `dir` through the public API and
+/// closes it (close checkpoints, leaving an empty WAL).
+fn build(dir: &Path, count: u32) {
+    let started = Instant::now();
+    let mut bank = Bank::create_dir(dir, BankConfig::new(DIM as u32)).unwrap();
+    bank.set_sync_policy(SyncPolicy::None);
+    let mut rng = Rng(0x5eed ^ u64::from(count));
+    let mut last_root = [0u32; 2];
+    for i in 0..count {
+        let tree = (i % 2) as usize;
+        // Mostly roots; every third node a residual under its tree's last
+        // root (explicit parents: no O(N) scan per insert).
+        let attach = if i >= 2 && i % 3 == 0 {
+            Attach::Parent(NodeRef::Index(last_root[tree]))
+        } else {
+            Attach::Root
+        };
+        let mut fields = BTreeMap::new();
+        fields.insert("execution_procedure".to_string(), format!("step {i}"));
+        let ack = bank
+            .insert(NewNode {
+                tree: ["task", "env"][tree].into(),
+                attach,
+                label: if i % 5 == 0 { Label::Failure } else { Label::Success },
+                payload: Payload {
+                    scenario: format!("scenario {i}"),
+                    fields,
+                },
+                embedding: rng.vector(),
+                external_id: None,
+            })
+            .unwrap();
+        if ack.parent.is_none() {
+            last_root[tree] = ack.id;
+        }
+    }
+    let inserted = started.elapsed();
+    bank.close().unwrap();
+    eprintln!(
+        "build {count} nodes: inserts {:.2?} ({:.1} us/node), close (checkpoint) {:.2?}",
+        inserted,
+        inserted.as_secs_f64() * 1e6 / f64::from(count),
+        started.elapsed() - inserted
+    );
+}
+
+/// Sum of file sizes: logical (metadata len; segments are sparse) and
+/// allocated (blocks * 512).
+fn disk_usage(dir: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let mut logical = 0;
+    let mut allocated = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let meta = entry.unwrap().metadata().unwrap();
+        if meta.is_file() {
+            logical += meta.len();
+            allocated += meta.blocks() * 512;
+        }
+    }
+    (logical, allocated)
+}
+
+fn is_data_file(name: &str) -> bool {
+    name.starts_with("vectors-") || name.starts_with("nodes-") || name == "payloads.log"
+}
+
+/// Asserts that nothing node-count dependent was touched.
+fn assert_open_touches_no_data(counts: &IoCounts, what: &str) {
+    for (name, bytes) in &counts.read_bytes {
+        assert!(
+            !is_data_file(name) || *bytes == 0,
+            "{what}: open read {bytes} bytes of {name}"
+        );
+    }
+    for (name, maps) in &counts.maps {
+        assert!(
+            !is_data_file(name) || *maps == 0,
+            "{what}: open mapped {name} {maps} times"
+        );
+    }
+    let total: u64 = counts.read_bytes.values().sum();
+    assert!(total < 4096, "{what}: open read {total} bytes: {counts:?}");
+}
+
+struct Measured {
+    writer: IoCounts,
+    reader: IoCounts,
+}
+
+/// Opens the bank at `dir` as writer, then as reader, each through a
+/// counting storage, and checks what the opens touched. Then runs a query
+/// through the reader and checks the counting does see the segments.
+fn measure(dir: &Path, count: u32) -> Measured {
+    let counting = Arc::new(CountingStorage::new(FileStorage::new(dir)));
+    let storage: Arc<dyn Storage> = counting.clone();
+    let started = Instant::now();
+    let writer = Bank::open(storage.clone(), OpenOptions::default()).unwrap();
+    let writer_time = started.elapsed();
+    let writer_counts = counting.counts();
+    assert_eq!(writer.node_count(), count);
+    assert_open_touches_no_data(&writer_counts, &format!("writer open of {count} nodes"));
+    drop(writer);
+
+    counting.reset();
+    let started = Instant::now();
+    let reader = Bank::open(
+        storage,
+        OpenOptions {
+            read_only: true,
+            ..OpenOptions::default()
+        },
+    )
+    .unwrap();
+    let reader_time = started.elapsed();
+    let reader_counts = counting.counts();
+    assert_eq!(reader.node_count(), count);
+    assert_open_touches_no_data(&reader_counts, &format!("reader open of {count} nodes"));
+
+    // The counting wrapper does see data access: a query maps every vector
+    // and node-table segment (once each, however many queries), and a
+    // payload read reads the payload log.
+    let mut rng = Rng(7);
+    let started = Instant::now();
+    let mut matches = Vec::new();
+    for _ in 0..3 {
+        matches = reader
+            .query(
+                "task",
+                &rng.vector(),
+                &QueryOptions {
+                    k: 5,
+                    tau: Some(-1.0),
+                    ..QueryOptions::default()
+                },
+            )
+            .unwrap();
+    }
+    let query_time = started.elapsed() / 3;
+    assert_eq!(matches.len(), 5);
+    reader.payload(matches[0].id).unwrap();
+    let after = counting.counts();
+    let segments = count.div_ceil(reader.manifest().rows_per_segment);
+    for s in 0..segments {
+        for name in [format!("vectors-{s:06}.seg"), format!("nodes-{s:06}.seg")] {
+            assert_eq!(
+                after.maps.get(&name).copied(),
+                Some(1),
+                "after queries, {name} must be mapped exactly once: {after:?}"
+            );
+        }
+    }
+    assert!(
+        after.read_bytes.get("payloads.log").copied().unwrap_or(0) > 0,
+        "reading a payload must read payloads.log: {after:?}"
+    );
+
+    let (logical, allocated) = disk_usage(dir);
+    eprintln!(
+        "{count} nodes: open writer {writer_time:.2?}, open reader {reader_time:.2?}, \
+         query mean of 3 (the first maps the segments) {query_time:.2?}; on disk {logical} bytes logical \
+         ({:.0} B/node), {allocated} bytes allocated ({:.0} B/node); open read {:?}",
+        logical as f64 / f64::from(count),
+        allocated as f64 / f64::from(count),
+        writer_counts.read_bytes
+    );
+    Measured {
+        writer: writer_counts,
+        reader: reader_counts,
+    }
+}
+
+#[test]
+fn open_cost_does_not_depend_on_node_count() {
+    let small_dir = tempfile::tempdir().unwrap();
+    let large_dir = tempfile::tempdir().unwrap();
+    build(small_dir.path(), 1_000);
+    build(large_dir.path(), 100_000);
+    let small = measure(small_dir.path(), 1_000);
+    let large = measure(large_dir.path(), 100_000);
+    assert_eq!(
+        small.writer, large.writer,
+        "writer open touched different bytes for 1k and 100k nodes"
+    );
+    assert_eq!(
+        small.reader, large.reader,
+        "reader open touched different bytes for 1k and 100k nodes"
+    );
+}
