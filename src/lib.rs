@@ -5,14 +5,17 @@
 //! [`format`] (pure byte layouts), [`storage`] (files, mmap, WAL, lock),
 //! [`tree`] (the residual-tree rules, pure), [`bank`] (the API).
 
+#[cfg(feature = "agent")]
+pub mod agent;
 pub mod bank;
 pub mod format;
 pub mod storage;
 pub mod tree;
 
 pub use bank::{
-    Attach, Bank, BankConfig, BankError, Match, NewNode, NodeInfo, NodeRef, OpenOptions,
-    QueryOptions, SyncPolicy,
+    Attach, Bank, BankConfig, BankError, Change, ChangeAck, CompactReport, ConsolidateAck, FreezeReport, HitAck,
+    InsertAck, Match, NewNode, NodeInfo, NodeRef, OpenOptions, Problem, QueryOptions, Stats, SyncPolicy, TreeStats,
+    VerifyReport,
 };
 pub use format::manifest::TreeSpec;
 pub use format::payload::Payload;

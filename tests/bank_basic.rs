@@ -572,3 +572,60 @@ fn freeze_writes_a_read_only_copy_with_the_same_answers() {
     let mode = std::fs::metadata(out.join("MANIFEST")).unwrap().permissions().mode();
     assert_eq!(mode & 0o222, 0, "frozen files are read-only");
 }
+
+#[test]
+fn transact_commits_an_episode_as_one_record() {
+    use deltamem::{Change, ChangeAck};
+    let dir = tempfile::tempdir().unwrap();
+    let mut bank = Bank::create_dir(dir.path(), config(4)).unwrap();
+    let root = bank
+        .insert(node("task", Attach::Root, Label::Success, "r", unit(4, 0)))
+        .unwrap()
+        .id;
+    let episode = vec![
+        Change::Insert(node(
+            "task",
+            Attach::Parent(NodeRef::Index(root)),
+            Label::Success,
+            "c",
+            unit(4, 0),
+        )),
+        Change::Retrievals(vec![root, root]),
+        Change::SuccessHit(root),
+        Change::SuccessHit(1), // the node inserted by this same transaction
+    ];
+    let acks = bank.transact(&episode, None).unwrap();
+    let lsns: Vec<u64> = acks
+        .iter()
+        .filter_map(|a| match a {
+            ChangeAck::Inserted(a) => Some(a.lsn),
+            ChangeAck::Hit(a) => Some(a.lsn),
+            ChangeAck::Retrieved { nodes } => {
+                assert_eq!(*nodes, 1, "a node listed twice counts once");
+                None
+            }
+        })
+        .collect();
+    assert!(lsns.len() == 3 && lsns.iter().all(|&l| l == lsns[0]), "{lsns:?}");
+    assert_eq!(
+        (bank.row(root).unwrap().success_hits, bank.row(root).unwrap().retrievals),
+        (1, 1)
+    );
+    assert_eq!(bank.row(1).unwrap().success_hits, 1);
+
+    // A bad change undoes the counters staged before it, too.
+    let bad = vec![
+        Change::SuccessHit(root),
+        Change::Retrievals(vec![root]),
+        Change::SuccessHit(99),
+    ];
+    let err = bank.transact(&bad, None).unwrap_err();
+    assert!(matches!(err, BankError::BatchItem { position: 2, .. }), "{err}");
+    assert_eq!(
+        (bank.row(root).unwrap().success_hits, bank.row(root).unwrap().retrievals),
+        (1, 1)
+    );
+    drop(bank);
+    let bank = Bank::open_dir(dir.path(), OpenOptions::default()).unwrap();
+    assert_eq!((bank.node_count(), bank.row(root).unwrap().success_hits), (2, 1));
+}

@@ -17,7 +17,9 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use deltamem::storage::{FaultKind, FaultPlan, Loss, SimStorage};
-use deltamem::{Attach, Bank, BankConfig, BankError, Label, NewNode, NodeRef, OpenOptions, Payload, SyncPolicy};
+use deltamem::{
+    Attach, Bank, BankConfig, BankError, Change, ChangeAck, Label, NewNode, NodeRef, OpenOptions, Payload, SyncPolicy,
+};
 
 const DIM: usize = 8;
 const OPS_PER_WORKLOAD: usize = 40;
@@ -45,6 +47,8 @@ enum Op {
     Checkpoint,
     Compact,
     Reopen,
+    /// An agent episode: a node, the chain it used, a hit, one record.
+    Episode(Vec<Change>),
 }
 
 fn config() -> BankConfig {
@@ -130,6 +134,18 @@ fn workload(seed: u64) -> Vec<Op> {
             },
             17 => Op::Checkpoint,
             19 if rng.below(2) == 0 => Op::Compact,
+            19 if n > 0 => {
+                let used = rng.below(n) as u32;
+                let mut node = new_node(&mut rng, &bank);
+                node.attach = Attach::Parent(NodeRef::Index(used));
+                node.tree = bank.tree_name(bank.row(used).unwrap().tree).to_string();
+                let chain = bank.chain(used).unwrap();
+                Op::Episode(vec![
+                    Change::Insert(node),
+                    Change::Retrievals(chain),
+                    Change::SuccessHit(used),
+                ])
+            }
             18 => Op::Reopen,
             _ => continue,
         };
@@ -169,6 +185,10 @@ fn run_op(bank: &mut Bank, op: &Op) -> Result<Option<u64>, BankError> {
             bank.compact()?;
             None
         }
+        Op::Episode(changes) => bank.transact(changes, None)?.iter().find_map(|a| match a {
+            ChangeAck::Inserted(a) => Some(a.lsn),
+            _ => None,
+        }),
         Op::Reopen => None, // handled by the driver
     })
 }

@@ -59,3 +59,10 @@ pub enum BankError {
     #[error("batch item {position}: {source}")]
     BatchItem { position: usize, source: Box<BankError> },
 }
+
+impl BankError {
+    /// Another process holds the writer lock (worth waiting for).
+    pub fn is_locked(&self) -> bool {
+        matches!(self, BankError::Storage(StorageError::Locked { .. }))
+    }
+}

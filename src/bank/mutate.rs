@@ -46,6 +46,33 @@ pub struct InsertAck {
     pub lsn: u64,
 }
 
+/// One change of a [`Bank::transact`] transaction.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    Insert(NewNode),
+    SuccessHit(u32),
+    /// Retrieval counts of a used chain (each distinct node once).
+    Retrievals(Vec<u32>),
+}
+
+/// What one change did; acks carry the transaction's LSN.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChangeAck {
+    Inserted(InsertAck),
+    Hit(HitAck),
+    Retrieved { nodes: u32 },
+}
+
+/// A transaction being staged: its encoded ops and how to undo them.
+#[derive(Default)]
+struct Txn {
+    body: Vec<u8>,
+    op_count: usize,
+    undo: Vec<super::overlay::Mark>,
+    acks: Vec<ChangeAck>,
+    keys: Vec<ExternalKey>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct HitAck {
     pub id: u32,
@@ -106,47 +133,82 @@ impl Bank {
     /// most one fsync for the lot (bulk imports). Each node is placed with
     /// the ones before it already in the tree. An error names the node.
     pub fn insert_batch(&mut self, nodes: &[NewNode], sync: Option<SyncPolicy>) -> Result<Vec<InsertAck>, BankError> {
+        let changes: Vec<Change> = nodes.iter().cloned().map(Change::Insert).collect();
+        let acks = self.transact(&changes, sync)?;
+        Ok(acks
+            .into_iter()
+            .filter_map(|a| if let ChangeAck::Inserted(a) = a { Some(a) } else { None })
+            .collect())
+    }
+
+    /// Applies a list of changes as one WAL record: all of them or none
+    /// after a crash (an agent's episode: its new nodes, the retrieval
+    /// counts of the chains it used and its success hits). Each change sees
+    /// the ones before it. An error names the change's position.
+    pub fn transact(&mut self, changes: &[Change], sync: Option<SyncPolicy>) -> Result<Vec<ChangeAck>, BankError> {
         self.check_writable()?;
-        let (mut body, mut undo, mut acks, mut keys) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (position, node) in nodes.iter().enumerate() {
-            let step = self.prepare_insert(node).and_then(|(op, ack, key)| {
-                let op_body = encode_ops(std::slice::from_ref(&op));
-                let mark = self.apply_txn_undoable(vec![op])?;
-                Ok((op_body, mark, ack, key))
-            });
-            let outcome = step.and_then(|(op_body, mark, ack, key)| {
-                body.extend_from_slice(&op_body);
-                undo.push(mark);
-                let id = ack.id;
-                acks.push(ack);
-                if let Some(key) = key {
-                    // Visible at once, so a duplicate later in the batch is caught.
-                    keys.push(key);
-                    self.with_external_ids(|ids| ids.insert(key, id))?;
-                }
-                check_record_size(acks.len(), body.len())
-            });
-            if let Err(e) = outcome {
-                self.forget_external_ids(&keys)?;
-                undo.into_iter().rev().for_each(|m| self.overlay.rollback(m));
+        let mut txn = Txn::default();
+        for (position, change) in changes.iter().enumerate() {
+            if let Err(e) = self.stage(change, &mut txn) {
+                self.forget_external_ids(&txn.keys)?;
+                txn.undo.into_iter().rev().for_each(|m| self.overlay.rollback(m));
                 return Err(BankError::BatchItem {
                     position,
                     source: Box::new(e),
                 });
             }
         }
-        if acks.is_empty() {
-            return Ok(acks);
+        if txn.op_count == 0 {
+            return Ok(txn.acks);
         }
-        let lsn = match self.log(acks.len() as u16, &body, undo, sync) {
+        let lsn = match self.log(txn.op_count as u16, &txn.body, txn.undo, sync) {
             Ok(lsn) => lsn,
             Err(e) => {
-                self.forget_external_ids(&keys)?;
+                self.forget_external_ids(&txn.keys)?;
                 return Err(e);
             }
         };
-        acks.iter_mut().for_each(|a| a.lsn = lsn);
-        Ok(acks)
+        for ack in &mut txn.acks {
+            match ack {
+                ChangeAck::Inserted(a) => a.lsn = lsn,
+                ChangeAck::Hit(a) => a.lsn = lsn,
+                ChangeAck::Retrieved { .. } => {}
+            }
+        }
+        Ok(txn.acks)
+    }
+
+    /// Builds, encodes and applies (undoably) the ops of one change.
+    fn stage(&mut self, change: &Change, txn: &mut Txn) -> Result<(), BankError> {
+        let (ops, ack, key) = match change {
+            Change::Insert(node) => {
+                let (op, ack, key) = self.prepare_insert(node)?;
+                (vec![op], ChangeAck::Inserted(ack), key)
+            }
+            Change::SuccessHit(index) => {
+                let (op, ack) = self.prepare_hit(*index)?;
+                (vec![op], ChangeAck::Hit(ack), None)
+            }
+            Change::Retrievals(indexes) => {
+                let ops = self.prepare_retrievals(indexes)?;
+                let ack = ChangeAck::Retrieved {
+                    nodes: ops.len() as u32,
+                };
+                (ops, ack, None)
+            }
+        };
+        txn.body.extend_from_slice(&encode_ops(&ops));
+        txn.op_count += ops.len();
+        check_record_size(txn.op_count, txn.body.len())?;
+        txn.undo.push(self.apply_txn_undoable(ops)?);
+        if let (Some(key), ChangeAck::Inserted(a)) = (key, &ack) {
+            // Visible at once, so a duplicate later in the batch is caught.
+            txn.keys.push(key);
+            let id = a.id;
+            self.with_external_ids(|ids| ids.insert(key, id))?;
+        }
+        txn.acks.push(ack);
+        Ok(())
     }
 
     fn forget_external_ids(&self, keys: &[ExternalKey]) -> Result<(), BankError> {
@@ -289,17 +351,21 @@ impl Bank {
     /// Counts a success hit on the matched node of a successful episode.
     pub fn success_hit(&mut self, index: u32) -> Result<HitAck, BankError> {
         self.check_writable()?;
+        let (op, mut ack) = self.prepare_hit(index)?;
+        ack.lsn = self.commit(vec![op], None)?;
+        Ok(ack)
+    }
+
+    fn prepare_hit(&self, index: u32) -> Result<(WalOp, HitAck), BankError> {
         let mut row = self.row(index)?;
         row.success_hits = row.success_hits.saturating_add(1);
-        let due = tree::is_due(&row, self.manifest.consolidate_after);
-        let success_hits = row.success_hits;
-        let lsn = self.commit(vec![WalOp::PutRow { row }], None)?;
-        Ok(HitAck {
+        let ack = HitAck {
             id: index,
-            success_hits,
-            due,
-            lsn,
-        })
+            success_hits: row.success_hits,
+            due: tree::is_due(&row, self.manifest.consolidate_after),
+            lsn: 0,
+        };
+        Ok((WalOp::PutRow { row }, ack))
     }
 
     /// Bumps `retrievals` of every node of a chain that was used, in one
@@ -307,20 +373,23 @@ impl Bank {
     /// the LSN of the last committed record is returned).
     pub fn record_retrievals(&mut self, indexes: &[u32]) -> Result<u64, BankError> {
         self.check_writable()?;
-        let mut ops = Vec::with_capacity(indexes.len());
-        let mut seen = std::collections::BTreeSet::new();
-        for &index in indexes {
-            if !seen.insert(index) {
-                continue;
-            }
-            let mut row = self.row(index)?;
-            row.retrievals = row.retrievals.saturating_add(1);
-            ops.push(WalOp::PutRow { row });
-        }
+        let ops = self.prepare_retrievals(indexes)?;
         if ops.is_empty() {
             return Ok(self.writer.as_ref().map_or(0, |w| w.wal.next_lsn() - 1));
         }
         self.commit(ops, None)
+    }
+
+    /// One row update per distinct node (a node listed twice counts once).
+    fn prepare_retrievals(&self, indexes: &[u32]) -> Result<Vec<WalOp>, BankError> {
+        let mut ops = Vec::with_capacity(indexes.len());
+        let mut seen = std::collections::BTreeSet::new();
+        for &index in indexes.iter().filter(|&&i| seen.insert(i)) {
+            let mut row = self.row(index)?;
+            row.retrievals = row.retrievals.saturating_add(1);
+            ops.push(WalOp::PutRow { row });
+        }
+        Ok(ops)
     }
 
     /// Writes the distilled payload of `index`'s chain as a new root and

@@ -1,0 +1,29 @@
+//! The `agent` feature: the paper's online memory loop on top of the bank.
+//!
+//! - [`embed`]: the [`Embedder`] trait and [`OnnxEmbedder`], local BERT-family
+//!   sentence embeddings through ONNX Runtime (loaded at run time from a
+//!   shared library; nothing is downloaded).
+//! - [`llm`]: [`HttpChat`], a blocking client for OpenAI-compatible
+//!   chat-completions endpoints, behind the [`ChatModel`] trait.
+//! - [`reply`]: robust extraction of one JSON object from an LLM reply.
+//! - [`prompts`]: the extraction and consolidation prompts and the
+//!   per-benchmark [`DomainProfile`]s.
+//! - [`memory_loop`]: [`MemoryLoop`] with `retrieve` (before an episode)
+//!   and `record` (after it), returning serde-serialisable results.
+//!
+//! See `docs/AGENT.md` for setup and a walk-through.
+
+pub mod embed;
+pub mod llm;
+pub mod memory_loop;
+pub mod prompts;
+pub mod reply;
+
+pub use embed::{EmbedError, Embedder, OnnxConfig, OnnxEmbedder, Pooling, TextRole};
+pub use llm::{ChatMessage, ChatModel, HttpChat, LlmConfig, LlmError};
+pub use memory_loop::{
+    AgentConfig, AgentError, ConsolidationOutcome, ConsolidationStatus, Embedding, Episode, HitCount, MatchedChain,
+    MemoryLoop, RecordOutcome, Retrieval, TreeWrite, WriteAction, embed_text,
+};
+pub use prompts::{DomainProfile, PromptKind, TreeKind};
+pub use reply::{Reply, ReplyError};
