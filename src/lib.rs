@@ -3,12 +3,15 @@
 //!
 //! Layers, each depending only on those above it in this list:
 //! [`format`] (pure byte layouts), [`storage`] (files, mmap, WAL, lock),
-//! [`tree`] (the residual-tree rules, pure), [`bank`] (the API).
+//! [`tree`] (the residual-tree rules, pure), [`bank`] (the API), then
+//! [`interop`] (reference JSON, .npy) and `agent` (feature `agent`), which
+//! use the bank API only.
 
 #[cfg(feature = "agent")]
 pub mod agent;
 pub mod bank;
 pub mod format;
+pub mod interop;
 pub mod storage;
 pub mod tree;
 

@@ -53,7 +53,8 @@ enum Command {
         #[arg(long, value_enum, default_value_t = cli::insert::SyncArg::Always)]
         sync: cli::insert::SyncArg,
     },
-    /// Answer similarity queries read from stdin, one result line each.
+    /// Answer similarity queries read from stdin (or every row of --npy),
+    /// one result line each.
     Query {
         bank: PathBuf,
         /// Matches per query, unless the line says otherwise.
@@ -62,6 +63,8 @@ enum Command {
         /// Also match nodes that were already distilled into a new root.
         #[arg(long)]
         include_consolidated: bool,
+        #[command(flatten)]
+        matrix: cli::query_npy::NpyArgs,
     },
     /// Print every node as one JSON line, in index order.
     Dump {
@@ -71,6 +74,11 @@ enum Command {
         /// Include the stored (normalised) vectors.
         #[arg(long)]
         embeddings: bool,
+        /// Also write the stored (normalised) vectors as a float32 (rows,
+        /// dim) .npy matrix: row r is the node printed on output line r,
+        /// i.e. the nodes (of --tree, if given) in increasing id order.
+        #[arg(long, value_name = "OUT.npy")]
+        embeddings_npy: Option<PathBuf>,
     },
     /// Print the chain from a node's top-level root down to it.
     Chain {
@@ -103,9 +111,43 @@ enum Command {
         /// One JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// Also decompress every payload to measure the compression ratio.
+        #[arg(long)]
+        deep: bool,
+        /// Draw the depth histogram of every tree into this SVG file.
+        #[arg(long, value_name = "DEPTH.svg")]
+        plot: Option<PathBuf>,
     },
     /// Check every checksum and link of a bank.
-    Verify { bank: PathBuf },
+    Verify {
+        bank: PathBuf,
+        /// One JSON object (ok, counts, problems) instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Load nodes from the Python world: a reference tree file or a .npy matrix.
+    Import(cli::import::ImportArgs),
+    /// Write a tree for the Python world (the reference's schema, or JSON Lines).
+    Export(cli::export::ExportArgs),
+    /// Write a compacted, checkpointed, read-only copy of a bank to OUT.
+    Freeze { bank: PathBuf, out: PathBuf },
+    /// Reclaim dead space in a live bank (crash-safe).
+    Compact { bank: PathBuf },
+    /// Draw one tree as text, Graphviz DOT or SVG.
+    Draw {
+        bank: PathBuf,
+        #[arg(long)]
+        tree: String,
+        #[arg(long, value_enum, default_value_t = cli::picture::DrawFormat::Text)]
+        format: cli::picture::DrawFormat,
+        /// Write here instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        /// Longest node label, in characters (from the activation
+        /// condition, or the scenario).
+        #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u16).range(4..))]
+        max_label: u16,
+    },
     /// Walk through the agent loop on a scripted run with a toy embedder.
     Demo {
         /// Where to create the demo bank (default: a temporary directory).
@@ -143,14 +185,38 @@ fn run(cli: Cli) -> anyhow::Result<Status> {
             bank,
             k,
             include_consolidated,
-        } => cli::query::run(&bank, k, include_consolidated),
-        Command::Dump { bank, tree, embeddings } => cli::inspect::dump(&bank, tree.as_deref(), embeddings),
+            matrix,
+        } => cli::query_npy::dispatch(&bank, k, include_consolidated, &matrix, quiet),
+        Command::Dump {
+            bank,
+            tree,
+            embeddings,
+            embeddings_npy,
+        } => cli::inspect::dump(&bank, tree.as_deref(), embeddings, embeddings_npy.as_deref(), quiet),
         Command::Chain { bank, id, render } => cli::inspect::chain(&bank, &id, render),
         Command::Hit { bank, id } => cli::update::hit(&bank, &id),
         Command::Consolidate { bank, id, payload } => cli::update::consolidate(&bank, &id, &payload),
         Command::Due { bank, tree } => cli::inspect::due(&bank, tree.as_deref()),
-        Command::Stats { bank, json } => cli::report::stats(&bank, json),
-        Command::Verify { bank } => cli::report::verify(&bank, quiet),
+        Command::Stats { bank, json, deep, plot } => {
+            let args = cli::report::StatsArgs {
+                json,
+                deep,
+                plot: plot.as_deref(),
+            };
+            cli::report::stats(&bank, &args, quiet)
+        }
+        Command::Verify { bank, json } => cli::report::verify(&bank, json, quiet),
+        Command::Import(args) => cli::import::run(&args, quiet),
+        Command::Export(args) => cli::export::run(&args, quiet),
+        Command::Freeze { bank, out } => cli::maintain::freeze(&bank, &out, quiet),
+        Command::Compact { bank } => cli::maintain::compact(&bank, quiet),
+        Command::Draw {
+            bank,
+            tree,
+            format,
+            out,
+            max_label,
+        } => cli::picture::run_draw(&bank, &tree, format, out.as_deref(), usize::from(max_label)),
         Command::Demo { dir, keep } => cli::demo::run(dir.as_deref(), keep, quiet),
     }
 }

@@ -31,7 +31,7 @@ pub enum SyncArg {
 }
 
 impl SyncArg {
-    fn policy(self) -> SyncPolicy {
+    pub fn policy(self) -> SyncPolicy {
         match self {
             SyncArg::Always => SyncPolicy::Always,
             SyncArg::Batch => SyncPolicy::Batch {
@@ -44,13 +44,14 @@ impl SyncArg {
 }
 
 #[derive(Serialize)]
-struct MatchOut {
+pub struct MatchOut {
     id: u32,
     score: f32,
 }
 
+/// The acknowledgement line of a stored node (shared with `import`).
 #[derive(Serialize)]
-struct AckOut {
+pub struct AckOut {
     id: u32,
     tree: String,
     #[serde(rename = "type")]
@@ -95,7 +96,7 @@ fn parse_node(obj: &Map<String, Value>) -> Result<NewNode, String> {
     })
 }
 
-fn ack_json(ack: InsertAck, external_id: Option<String>) -> AckOut {
+pub fn ack_json(ack: InsertAck, external_id: Option<String>) -> AckOut {
     AckOut {
         id: ack.id,
         tree: ack.tree,

@@ -8,6 +8,9 @@ use anyhow::Context;
 use deltamem::Bank;
 use serde::Serialize;
 
+use deltamem::interop::npy::{NpyElement, NpyMatrixWriter};
+
+use super::progress::Progress;
 use super::{NodeArg, Status, write_json_line};
 
 #[derive(Serialize)]
@@ -62,17 +65,46 @@ fn dump_node(bank: &Bank, index: u32, embeddings: bool) -> anyhow::Result<DumpOu
     })
 }
 
-pub fn dump(path: &Path, tree: Option<&str>, embeddings: bool) -> anyhow::Result<Status> {
+/// Prints every node (of one tree, if given) as a JSON line, in index
+/// order. With `embeddings_npy`, also writes their vectors as a float32
+/// matrix whose row r is the node on output line r.
+pub fn dump(
+    path: &Path,
+    tree: Option<&str>,
+    embeddings: bool,
+    embeddings_npy: Option<&Path>,
+    quiet: bool,
+) -> anyhow::Result<Status> {
     let bank = super::open_read(path)?;
     let wanted = tree.map(|t| bank.tree_index(t)).transpose()?;
-    let mut out = super::stdout();
+    let mut ids = Vec::new();
     for index in 0..bank.node_count() {
         let row = bank.row(index).with_context(|| format!("node {index}"))?;
-        if wanted.is_some_and(|t| t != row.tree) {
-            continue;
+        if wanted.is_none_or(|t| t == row.tree) {
+            ids.push(index);
         }
+    }
+    let mut matrix = match embeddings_npy {
+        Some(npy) => Some(NpyMatrixWriter::create(
+            npy,
+            ids.len() as u64,
+            bank.dim_count() as usize,
+            NpyElement::F32,
+        )?),
+        None => None,
+    };
+    let progress = Progress::bar(ids.len() as u64, "nodes", quiet);
+    let mut out = super::stdout();
+    for &index in &ids {
         let node = dump_node(&bank, index, embeddings).with_context(|| format!("node {index}"))?;
+        if let Some(m) = matrix.as_mut() {
+            m.write_row(&bank.vector(index).with_context(|| format!("node {index}"))?)?;
+        }
         write_json_line(&mut out, &node)?;
+        progress.inc(1);
+    }
+    if let Some(m) = matrix {
+        m.finish()?;
     }
     out.flush().context("cannot write to stdout")?;
     Ok(Status::Ok)

@@ -5,11 +5,18 @@ pub mod demo;
 pub mod draw;
 pub mod embed;
 pub mod episodes;
+pub mod export;
+pub mod import;
+pub mod import_npy;
 pub mod init;
 pub mod input;
 pub mod insert;
 pub mod inspect;
+pub mod maintain;
+pub mod picture;
+pub mod progress;
 pub mod query;
+pub mod query_npy;
 pub mod report;
 pub mod update;
 

@@ -25,8 +25,8 @@ pub struct MatchOut {
 }
 
 #[derive(Serialize)]
-struct QueryOut {
-    matches: Vec<MatchOut>,
+pub struct QueryOut {
+    pub matches: Vec<MatchOut>,
 }
 
 struct Defaults {

@@ -8,6 +8,9 @@ use deltamem::Bank;
 use deltamem::bank::{Stats, TreeStats};
 use serde::Serialize;
 
+use deltamem::interop::write_atomically;
+
+use super::progress::Progress;
 use super::{Status, write_json_line};
 
 /// Widest histogram bar, in characters.
@@ -54,6 +57,38 @@ struct StatsOut<'a> {
     wal_bytes: u64,
     checkpoint_lsn: u64,
     frozen: bool,
+    /// Only with `--deep` (every payload is decompressed to measure it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_compression: Option<Compression>,
+}
+
+/// Payload text bytes against the bytes their records take on disk.
+#[derive(Serialize, Clone, Copy)]
+pub struct Compression {
+    /// Scenario plus every field, uncompressed (`Payload::size_bytes`).
+    plain_bytes: u64,
+    /// Record bytes in the payload log: 16-byte header + zstd frame.
+    record_bytes: u64,
+    /// plain / record; None when there are no payloads.
+    ratio: Option<f64>,
+}
+
+/// Decodes every payload to measure the compression ratio.
+fn measure_compression(bank: &Bank, quiet: bool) -> anyhow::Result<Compression> {
+    let progress = Progress::bar(u64::from(bank.node_count()), "payloads", quiet);
+    let (mut plain_bytes, mut record_bytes) = (0u64, 0u64);
+    for index in 0..bank.node_count() {
+        let row = bank.row(index).with_context(|| format!("node {index}"))?;
+        let payload = bank.payload(index).with_context(|| format!("node {index}"))?;
+        plain_bytes += payload.size_bytes() as u64;
+        record_bytes += u64::from(row.payload_size_bytes);
+        progress.inc(1);
+    }
+    Ok(Compression {
+        plain_bytes,
+        record_bytes,
+        ratio: (record_bytes > 0).then(|| plain_bytes as f64 / record_bytes as f64),
+    })
 }
 
 fn tree_out(t: &TreeStats) -> TreeStatsOut<'_> {
@@ -110,6 +145,10 @@ fn write_tree_text(out: &mut impl Write, t: &TreeStats) -> std::io::Result<()> {
 
 /// The human-readable report (also used by the demo).
 pub fn write_stats_text(out: &mut impl Write, bank: &Bank) -> anyhow::Result<()> {
+    write_stats_text_with(out, bank, None)
+}
+
+fn write_stats_text_with(out: &mut impl Write, bank: &Bank, compression: Option<Compression>) -> anyhow::Result<()> {
     let s = bank.stats()?;
     let m = bank.manifest();
     let io = |e| anyhow::Error::new(e).context("cannot write to stdout");
@@ -136,14 +175,41 @@ pub fn write_stats_text(out: &mut impl Write, bank: &Bank) -> anyhow::Result<()>
         None => "bytes per node: no nodes yet".to_string(),
     };
     writeln!(out, "{sizes}").map_err(io)?;
+    if let Some(c) = compression {
+        let ratio = c.ratio.map_or("n/a".to_string(), |r| format!("{r:.2}x"));
+        writeln!(
+            out,
+            "payloads: {} bytes of text in {} bytes of records: compression {ratio}",
+            c.plain_bytes, c.record_bytes
+        )
+        .map_err(io)?;
+    }
     writeln!(out, "WAL: {} bytes; checkpoint LSN {}", s.wal_bytes, s.checkpoint_lsn).map_err(io)?;
     Ok(())
 }
 
-pub fn stats(path: &Path, json: bool) -> anyhow::Result<Status> {
+/// What `stats` was asked for besides the counts.
+pub struct StatsArgs<'a> {
+    pub json: bool,
+    pub deep: bool,
+    pub plot: Option<&'a Path>,
+}
+
+pub fn stats(path: &Path, args: &StatsArgs, quiet: bool) -> anyhow::Result<Status> {
     let bank = super::open_read(path)?;
+    let compression = match args.deep {
+        true => Some(measure_compression(&bank, quiet)?),
+        false => None,
+    };
+    if let Some(plot) = args.plot {
+        let svg = super::picture::depth_plot_svg(&bank.stats()?);
+        write_atomically(plot, |out| {
+            out.write_all(svg.as_bytes())
+                .map_err(|e| deltamem::interop::InteropError::io("write", plot)(e))
+        })?;
+    }
     let mut out = super::stdout();
-    if json {
+    if args.json {
         let s = bank.stats()?;
         let m = bank.manifest();
         let report = StatsOut {
@@ -161,13 +227,29 @@ pub fn stats(path: &Path, json: bool) -> anyhow::Result<Status> {
             wal_bytes: s.wal_bytes,
             checkpoint_lsn: s.checkpoint_lsn,
             frozen: s.frozen,
+            payload_compression: compression,
         };
         write_json_line(&mut out, &report)?;
     } else {
-        write_stats_text(&mut out, &bank)?;
+        write_stats_text_with(&mut out, &bank, compression)?;
     }
     out.flush().context("cannot write to stdout")?;
     Ok(Status::Ok)
+}
+
+#[derive(Serialize)]
+struct ProblemOut<'a> {
+    file: &'a str,
+    offset_bytes: u64,
+    detail: &'a str,
+}
+
+#[derive(Serialize)]
+struct VerifyOut<'a> {
+    ok: bool,
+    nodes_checked: u64,
+    wal_records: u64,
+    problems: Vec<ProblemOut<'a>>,
 }
 
 /// Runs the checks; prints the summary on stdout (unless quiet) or each
@@ -199,7 +281,34 @@ pub fn check_bank(bank: &Bank, path: &Path, quiet: bool) -> anyhow::Result<Statu
     Ok(Status::Failed)
 }
 
-pub fn verify(path: &Path, quiet: bool) -> anyhow::Result<Status> {
+pub fn verify(path: &Path, json: bool, quiet: bool) -> anyhow::Result<Status> {
     let bank = super::open_read(path)?;
-    check_bank(&bank, path, quiet)
+    if !json {
+        let progress = Progress::spinner(&format!("verifying {}", path.display()), quiet);
+        let status = check_bank(&bank, path, quiet);
+        drop(progress);
+        return status;
+    }
+    let progress = Progress::spinner(&format!("verifying {}", path.display()), quiet);
+    let report = bank.verify()?;
+    drop(progress);
+    let bank_path = path.display().to_string();
+    let out = VerifyOut {
+        ok: report.is_ok(),
+        nodes_checked: report.nodes_checked,
+        wal_records: report.wal_records,
+        problems: report
+            .problems
+            .iter()
+            .map(|p| ProblemOut {
+                file: if p.file.is_empty() { &bank_path } else { &p.file },
+                offset_bytes: p.offset_bytes,
+                detail: &p.detail,
+            })
+            .collect(),
+    };
+    let mut stdout = super::stdout();
+    write_json_line(&mut stdout, &out)?;
+    stdout.flush().context("cannot write to stdout")?;
+    Ok(if report.is_ok() { Status::Ok } else { Status::Failed })
 }

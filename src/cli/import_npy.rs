@@ -1,0 +1,393 @@
+//! `deltamem import --npy`: one node per matrix row, in batches of one WAL
+//! record each (`insert_batch`), one line per row on stdout in row order.
+//!
+//! What happens to bad rows (NaN or infinite components, all-zero vectors,
+//! bad META lines): by default every row is checked before anything is
+//! written, and if any is bad the import stops having written nothing,
+//! listing every bad row. A bulk load is usually re-run after fixing its
+//! input; an all-or-nothing result means the re-run cannot duplicate rows.
+//! With `--keep-going` the rows are not checked first: a batch holding a
+//! bad row is rejected whole (one WAL record is all or nothing), its rows
+//! get an error line instead of an ack, and the other batches are stored.
+//! Problems only the bank can see (a parent id that does not exist, an id
+//! used twice) always work that way: their batch is rejected, the others
+//! stay. Rows are numbered from 0, as NumPy indexes them; META line N+1
+//! describes row N.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::File;
+use std::io::{BufReader, Write};
+use std::path::Path;
+
+use anyhow::Context;
+use deltamem::interop::npy::{NpyRowReader, row_problem};
+use deltamem::{Attach, Bank, BankError, Label, NewNode, Payload, SyncPolicy};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::import::{ImportArgs, with_writer};
+use super::input::{self, LineReader};
+use super::insert::{AckOut, ack_json};
+use super::progress::Progress;
+use super::{Status, is_input_error, write_json_line};
+
+/// Bad rows listed before the import gives up (the count is always given).
+const PROBLEMS_SHOWN: usize = 20;
+
+const META_KEYS: [&str; 6] = ["scenario", "payload", "label", "attach", "id", "tree"];
+
+/// What a META line says about its row; None means the default.
+#[derive(Debug, Default)]
+struct RowMeta {
+    scenario: Option<String>,
+    fields: BTreeMap<String, String>,
+    label: Option<Label>,
+    attach: Option<Attach>,
+    id: Option<String>,
+}
+
+fn parse_meta(text: &str, tree: &str) -> Result<RowMeta, String> {
+    if text.trim().is_empty() {
+        return Ok(RowMeta::default());
+    }
+    let obj = input::parse_object(text)?;
+    if let Some(key) = obj.keys().find(|k| !META_KEYS.contains(&k.as_str())) {
+        return Err(format!("unknown key \"{key}\" (known: {})", META_KEYS.join(", ")));
+    }
+    let mut meta = RowMeta::default();
+    if let Some(t) = obj.get("tree").filter(|t| !t.is_null() && t.as_str() != Some(tree)) {
+        return Err(format!("\"tree\" is {t}, but this import writes tree {tree:?}"));
+    }
+    if obj.get("scenario").is_some_and(|v| !v.is_null()) {
+        meta.scenario = Some(input::string(&obj, "scenario")?.to_string());
+    }
+    if let Some(p) = obj.get("payload").filter(|v| !v.is_null()) {
+        meta.fields = input::string_map(p, "payload")?;
+    }
+    if obj.get("label").is_some_and(|v| !v.is_null()) {
+        let text = input::string(&obj, "label")?;
+        meta.label = Some(
+            Label::parse(text).ok_or_else(|| format!("\"label\" must be \"SUCCESS\" or \"FAILURE\", not {text:?}"))?,
+        );
+    }
+    meta.attach = match obj.get("attach") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s == "root" => Some(Attach::Root),
+        Some(Value::String(s)) if s == "auto" => Some(Attach::Auto),
+        Some(Value::Object(o)) if o.len() == 1 && o.contains_key("parent") => {
+            Some(Attach::Parent(input::node_ref(&o["parent"], "parent")?))
+        }
+        Some(_) => return Err(r#""attach" must be "root", "auto" or {"parent": ID}"#.into()),
+    };
+    meta.id = match obj.get("id") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err("\"id\" (the external id) must be a string".into()),
+    };
+    Ok(meta)
+}
+
+fn new_node(tree: &str, row: u64, vector: &[f32], meta: RowMeta) -> NewNode {
+    NewNode {
+        tree: tree.to_string(),
+        attach: meta.attach.unwrap_or(Attach::Root),
+        label: meta.label.unwrap_or(Label::Success),
+        payload: Payload {
+            scenario: meta.scenario.unwrap_or_else(|| format!("row {row}")),
+            fields: meta.fields,
+        },
+        embedding: vector.to_vec(),
+        external_id: meta.id,
+    }
+}
+
+/// The META file, line by line, in step with the rows.
+struct MetaLines {
+    lines: Option<LineReader<BufReader<File>>>,
+}
+
+impl MetaLines {
+    fn open(path: Option<&Path>) -> anyhow::Result<MetaLines> {
+        let lines = match path {
+            None => None,
+            Some(p) => {
+                let file = File::open(p).with_context(|| format!("cannot open {}", p.display()))?;
+                Some(LineReader::new(BufReader::new(file)))
+            }
+        };
+        Ok(MetaLines { lines })
+    }
+
+    /// The next line's text, or why it is unusable; "" without META.
+    fn next(&mut self, path: &Path) -> anyhow::Result<Result<String, String>> {
+        let Some(lines) = self.lines.as_mut() else {
+            return Ok(Ok(String::new()));
+        };
+        let line = lines
+            .next_line()
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        Ok(line.map_or_else(|| Err("META has no line for this row".to_string()), |l| l.text))
+    }
+}
+
+/// Lines in the META file, so a count mismatch is found before writing.
+fn count_lines(path: &Path) -> anyhow::Result<u64> {
+    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut lines = LineReader::new(BufReader::new(file));
+    let mut count = 0;
+    while lines
+        .next_line()
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .is_some()
+    {
+        count += 1;
+    }
+    Ok(count)
+}
+
+/// One row's problem, as reported.
+fn row_message(npy: &Path, meta: Option<&Path>, row: u64, detail: &str) -> String {
+    match meta {
+        Some(m) => format!(
+            "{}: row {row} ({} line {}): {detail}",
+            npy.display(),
+            m.display(),
+            row + 1
+        ),
+        None => format!("{}: row {row}: {detail}", npy.display()),
+    }
+}
+
+/// Reads one batch: the vectors, and each row's node or problem.
+fn read_batch(
+    args: &ImportArgs,
+    npy: &Path,
+    reader: &mut NpyRowReader,
+    metas: &mut MetaLines,
+) -> anyhow::Result<Vec<(u64, Result<NewNode, String>)>> {
+    let first = reader.rows_read();
+    let mut values = Vec::new();
+    let count = reader.read_rows(args.batch as usize, &mut values)?;
+    let dim = reader.info().dim_count;
+    let mut out = Vec::with_capacity(count);
+    for k in 0..count {
+        let row = first + k as u64;
+        let vector = &values[k * dim..(k + 1) * dim];
+        let line = metas.next(args.meta.as_deref().unwrap_or(npy))?;
+        let node = match row_problem(vector) {
+            Some(problem) => Err(problem),
+            None => line
+                .and_then(|text| parse_meta(&text, &args.tree))
+                .map(|m| new_node(&args.tree, row, vector, m)),
+        };
+        out.push((row, node));
+    }
+    Ok(out)
+}
+
+/// Checks every row (and META line) without writing; returns the problems.
+fn precheck(args: &ImportArgs, npy: &Path, progress: &Progress) -> anyhow::Result<(Vec<String>, u64)> {
+    let mut reader = NpyRowReader::open(npy)?;
+    let mut metas = MetaLines::open(args.meta.as_deref())?;
+    let (mut shown, mut total) = (Vec::new(), 0u64);
+    loop {
+        let batch = read_batch(args, npy, &mut reader, &mut metas)?;
+        if batch.is_empty() {
+            return Ok((shown, total));
+        }
+        for (row, node) in &batch {
+            if let Err(problem) = node {
+                total += 1;
+                if shown.len() < PROBLEMS_SHOWN {
+                    shown.push(row_message(npy, args.meta.as_deref(), *row, problem));
+                }
+            }
+        }
+        progress.set(reader.rows_read());
+    }
+}
+
+#[derive(Serialize)]
+struct RejectedOut {
+    row: u64,
+    error: String,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum LineOut {
+    Ack(AckOut),
+    Rejected(RejectedOut),
+}
+
+/// Output lines wait here until the WAL is durable past their record.
+struct Session<W: Write> {
+    out: W,
+    policy: SyncPolicy,
+    pending: VecDeque<(u64, LineOut)>,
+    stored: u64,
+    rejected_rows: u64,
+    rejected_batches: u64,
+}
+
+impl<W: Write> Session<W> {
+    fn flush_ready(&mut self, durable_below_lsn: u64) -> anyhow::Result<()> {
+        while let Some((lsn, _)) = self.pending.front() {
+            if self.policy != SyncPolicy::None && *lsn >= durable_below_lsn {
+                break;
+            }
+            if let Some((_, line)) = self.pending.pop_front() {
+                write_json_line(&mut self.out, &line)?;
+            }
+        }
+        self.out.flush().context("cannot write to stdout")
+    }
+
+    /// Rejects a whole batch: one error line per row, one message.
+    fn reject(&mut self, rows: &[u64], message: &str, progress: &Progress) {
+        let (first, last) = (rows[0], rows[rows.len() - 1]);
+        let summary = format!("batch of rows {first}..={last} rejected: {message}");
+        progress.note(&format!("deltamem: {summary}"));
+        self.rejected_rows += rows.len() as u64;
+        self.rejected_batches += 1;
+        for &row in rows {
+            let line = RejectedOut {
+                row,
+                error: summary.clone(),
+            };
+            self.pending.push_back((0, LineOut::Rejected(line)));
+        }
+    }
+
+    /// Stores one batch, or rejects it. Errors returned are fatal.
+    fn store(&mut self, bank: &mut Bank, batch: Vec<(u64, Result<NewNode, String>)>, ctx: &Ctx) -> anyhow::Result<()> {
+        let rows: Vec<u64> = batch.iter().map(|(r, _)| *r).collect();
+        if let Some((row, Err(problem))) = batch.iter().find(|(_, n)| n.is_err()) {
+            let message = row_message(ctx.npy, ctx.meta, *row, problem);
+            self.reject(&rows, &message, ctx.progress);
+            return Ok(());
+        }
+        let nodes: Vec<NewNode> = batch.into_iter().filter_map(|(_, n)| n.ok()).collect();
+        match bank.insert_batch(&nodes, None) {
+            Ok(acks) => {
+                for (ack, node) in acks.into_iter().zip(nodes) {
+                    self.stored += 1;
+                    self.pending
+                        .push_back((ack.lsn, LineOut::Ack(ack_json(ack, node.external_id))));
+                }
+                Ok(())
+            }
+            Err(BankError::BatchItem { position, source }) if is_input_error(&source) => {
+                let message = row_message(ctx.npy, ctx.meta, rows[position], &source.to_string());
+                self.reject(&rows, &message, ctx.progress);
+                Ok(())
+            }
+            Err(e) => Err(anyhow::Error::from(e).context(format!("rows {}..={}", rows[0], rows[rows.len() - 1]))),
+        }
+    }
+}
+
+struct Ctx<'a> {
+    npy: &'a Path,
+    meta: Option<&'a Path>,
+    progress: &'a Progress,
+}
+
+/// Checks the matrix and META against each other and the bank.
+fn check_shapes(args: &ImportArgs, npy: &Path, bank: &Bank) -> anyhow::Result<NpyRowReader> {
+    let reader = NpyRowReader::open(npy)?;
+    let info = reader.info().clone();
+    bank.tree_index(&args.tree)?;
+    if info.dim_count != bank.dim_count() as usize {
+        anyhow::bail!(
+            "{}: rows have {} dimensions, the bank {} stores {}",
+            npy.display(),
+            info.dim_count,
+            args.bank.display(),
+            bank.dim_count()
+        );
+    }
+    if let Some(meta) = &args.meta {
+        let lines = count_lines(meta)?;
+        if lines != info.row_count {
+            anyhow::bail!(
+                "{} has {lines} lines but {} has {} rows: one META line per row is needed",
+                meta.display(),
+                npy.display(),
+                info.row_count
+            );
+        }
+    }
+    Ok(reader)
+}
+
+type Stdout = std::io::BufWriter<std::io::StdoutLock<'static>>;
+
+fn import_rows(args: &ImportArgs, npy: &Path, quiet: bool, bank: &mut Bank) -> anyhow::Result<Session<Stdout>> {
+    let mut reader = check_shapes(args, npy, bank)?;
+    let total = reader.info().row_count;
+    let mut session = Session {
+        out: super::stdout(),
+        policy: bank.sync_policy().unwrap_or(SyncPolicy::None),
+        pending: VecDeque::new(),
+        stored: 0,
+        rejected_rows: 0,
+        rejected_batches: 0,
+    };
+    if !args.keep_going {
+        let progress = Progress::bar(total, "rows checked", quiet);
+        let (shown, count) = precheck(args, npy, &progress)?;
+        drop(progress);
+        if count > 0 {
+            for line in &shown {
+                eprintln!("deltamem: {line}");
+            }
+            anyhow::bail!(
+                "{count} bad row(s) in {}{}; nothing was imported (--keep-going stores the batches without bad rows)",
+                npy.display(),
+                if count as usize > shown.len() {
+                    format!(", the first {} listed", shown.len())
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
+    let progress = Progress::bar(total, "rows", quiet);
+    let mut metas = MetaLines::open(args.meta.as_deref())?;
+    let ctx = Ctx {
+        npy,
+        meta: args.meta.as_deref(),
+        progress: &progress,
+    };
+    loop {
+        let batch = read_batch(args, npy, &mut reader, &mut metas)?;
+        if batch.is_empty() {
+            return Ok(session);
+        }
+        session.store(bank, batch, &ctx)?;
+        bank.sync_if_due().context("cannot sync the WAL")?;
+        session.flush_ready(bank.durable_below_lsn())?;
+        progress.set(reader.rows_read());
+    }
+}
+
+pub fn run(args: &ImportArgs, npy: &Path, quiet: bool) -> anyhow::Result<Status> {
+    let mut session = with_writer(&args.bank, args.sync, |bank| import_rows(args, npy, quiet, bank))?;
+    // Closed cleanly: everything is checkpointed, every line may go out.
+    session.flush_ready(u64::MAX)?;
+    if !quiet {
+        eprintln!(
+            "deltamem: {} rows stored, {} rejected (in {} batches) from {}",
+            session.stored,
+            session.rejected_rows,
+            session.rejected_batches,
+            npy.display()
+        );
+    }
+    Ok(if session.rejected_rows > 0 {
+        Status::Failed
+    } else {
+        Status::Ok
+    })
+}

@@ -1,0 +1,86 @@
+//! `deltamem freeze` and `deltamem compact`: rewriting a bank's files.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use super::progress::Progress;
+use super::{Status, write_json_line};
+
+#[derive(Serialize)]
+struct FreezeOut {
+    out: String,
+    nodes: u64,
+    bytes_written: u64,
+    /// The frozen copy was opened and every checksum checked.
+    verified: bool,
+}
+
+#[derive(Serialize)]
+struct CompactOut {
+    bank: String,
+    nodes: u64,
+    bytes_before: u64,
+    bytes_after: u64,
+    generation: u32,
+}
+
+fn print(value: &impl Serialize) -> anyhow::Result<()> {
+    let mut out = super::stdout();
+    write_json_line(&mut out, value)?;
+    out.flush().context("cannot write to stdout")
+}
+
+/// Freezes from a read-only handle, so it works beside a running writer
+/// and freezes what was committed when it started; then checks the copy.
+pub fn freeze(path: &Path, out_dir: &Path, quiet: bool) -> anyhow::Result<Status> {
+    let bank = super::open_read(path)?;
+    let progress = Progress::spinner(
+        &format!("freezing {} into {}", path.display(), out_dir.display()),
+        quiet,
+    );
+    let report = bank
+        .freeze_to(out_dir)
+        .with_context(|| format!("cannot freeze {} into {}", path.display(), out_dir.display()))?;
+    drop(bank);
+    let frozen = super::open_read(out_dir)?;
+    let check = frozen
+        .verify()
+        .with_context(|| format!("cannot verify the frozen copy {}", out_dir.display()))?;
+    drop(progress);
+    if !check.is_ok() {
+        for p in &check.problems {
+            eprintln!("{} @ {}: {}", p.file, p.offset_bytes, p.detail);
+        }
+        anyhow::bail!("the frozen copy {} does not verify", out_dir.display());
+    }
+    print(&FreezeOut {
+        out: report.out,
+        nodes: report.nodes,
+        bytes_written: report.bytes_written,
+        verified: true,
+    })?;
+    Ok(Status::Ok)
+}
+
+pub fn compact(path: &Path, quiet: bool) -> anyhow::Result<Status> {
+    let mut bank = super::open_write(path)?;
+    let progress = Progress::spinner(&format!("compacting {}", path.display()), quiet);
+    let result = bank
+        .compact()
+        .with_context(|| format!("cannot compact {}", path.display()));
+    drop(progress);
+    let closed = super::close(bank, path);
+    let report = result?;
+    closed?;
+    print(&CompactOut {
+        bank: path.display().to_string(),
+        nodes: report.nodes,
+        bytes_before: report.bytes_before,
+        bytes_after: report.bytes_after,
+        generation: report.generation,
+    })?;
+    Ok(Status::Ok)
+}

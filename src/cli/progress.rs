@@ -1,0 +1,74 @@
+//! Progress bars for commands that can run for more than a second. Drawn
+//! on stderr, and only when stderr is a terminal and `--quiet` is off, so
+//! pipes, logs and scripts never see a control character.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+pub struct Progress {
+    bar: Option<ProgressBar>,
+}
+
+fn wanted(quiet: bool) -> bool {
+    !quiet && std::io::stderr().is_terminal()
+}
+
+impl Progress {
+    /// A bar counting `total` units of `what` (e.g. "rows").
+    pub fn bar(total: u64, what: &str, quiet: bool) -> Progress {
+        if !wanted(quiet) {
+            return Progress { bar: None };
+        }
+        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+        let template = format!("{{spinner}} {{bar:40}} {{human_pos}}/{{human_len}} {what} ({{per_sec}}, eta {{eta}})");
+        if let Ok(style) = ProgressStyle::with_template(&template) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.enable_steady_tick(Duration::from_millis(200));
+        Progress { bar: Some(bar) }
+    }
+
+    /// A spinner for work of unknown length (the library reports no steps).
+    pub fn spinner(message: &str, quiet: bool) -> Progress {
+        if !wanted(quiet) {
+            return Progress { bar: None };
+        }
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
+            bar.set_style(style);
+        }
+        bar.set_message(message.to_string());
+        bar.enable_steady_tick(Duration::from_millis(120));
+        Progress { bar: Some(bar) }
+    }
+
+    pub fn set(&self, done: u64) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(done);
+        }
+    }
+
+    pub fn inc(&self, delta: u64) {
+        if let Some(bar) = &self.bar {
+            bar.inc(delta);
+        }
+    }
+
+    /// Prints a line above the bar (a bare eprintln would be overdrawn).
+    pub fn note(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.suspend(|| eprintln!("{line}")),
+            None => eprintln!("{line}"),
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}

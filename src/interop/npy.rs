@@ -1,0 +1,366 @@
+//! NumPy `.npy` matrices of embeddings: one row per node, float32 or
+//! float16, C order, little- or big-endian; shape `(rows, dim)` (or `(dim,)`
+//! for one row). Parsing and element decoding are npyz's; this module adds
+//! the checks a bulk import needs before it writes anything (dtype, order,
+//! shape against the file's real size) and streams rows in batches, so a
+//! 300 MB matrix is never held whole.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read};
+use std::path::{Path, PathBuf};
+
+use half::f16;
+use npyz::{DType, NpyFile, NpyReader, Order, TypeChar, WriterBuilder};
+
+use super::InteropError;
+
+/// Element type of a matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NpyElement {
+    F32,
+    F16,
+}
+
+impl NpyElement {
+    pub fn size_bytes(self) -> u64 {
+        match self {
+            NpyElement::F32 => 4,
+            NpyElement::F16 => 2,
+        }
+    }
+
+    fn descr(self) -> &'static str {
+        match self {
+            NpyElement::F32 => "<f4",
+            NpyElement::F16 => "<f2",
+        }
+    }
+}
+
+/// What the header says, checked against the file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NpyInfo {
+    pub row_count: u64,
+    pub dim_count: usize,
+    pub element: NpyElement,
+    /// The dtype as written, e.g. `<f4` (for messages).
+    pub descr: String,
+}
+
+/// Largest header accepted. NumPy writes a few hundred bytes; the bound
+/// keeps a forged length from making us read a whole file as a header.
+const MAX_HEADER_BYTES: usize = 1 << 20;
+
+enum Rows {
+    F32(NpyReader<f32, BufReader<File>>),
+    F16(NpyReader<f16, BufReader<File>>),
+}
+
+/// Reads a matrix row batch by row batch.
+pub struct NpyRowReader {
+    path: PathBuf,
+    info: NpyInfo,
+    rows: Rows,
+    rows_read: u64,
+}
+
+/// Returns the data offset and the header text.
+fn read_prefix(path: &Path, file: &mut File) -> Result<(u64, String), InteropError> {
+    let bad = |detail: &str| InteropError::invalid(path, format!("not a .npy file: {detail}"));
+    let mut fixed = [0u8; 12];
+    file.read_exact(&mut fixed).map_err(|_| bad("shorter than a header"))?;
+    if &fixed[..6] != b"\x93NUMPY" {
+        return Err(bad("no \\x93NUMPY magic"));
+    }
+    let (text_start, text_len) = match fixed[6] {
+        1 => (10usize, usize::from(u16::from_le_bytes([fixed[8], fixed[9]]))),
+        2 | 3 => (
+            12,
+            u32::from_le_bytes([fixed[8], fixed[9], fixed[10], fixed[11]]) as usize,
+        ),
+        v => return Err(bad(&format!("unknown format version {v}"))),
+    };
+    if text_len > MAX_HEADER_BYTES {
+        return Err(bad(&format!("header of {text_len} bytes")));
+    }
+    let total = text_start + text_len;
+    if total < fixed.len() {
+        return Err(bad("header too short"));
+    }
+    let mut text = vec![0u8; total];
+    text[..12].copy_from_slice(&fixed);
+    file.read_exact(&mut text[12..]).map_err(|_| bad("truncated header"))?;
+    let header = String::from_utf8_lossy(&text[text_start..]).into_owned();
+    Ok(((text_start + text_len) as u64, header))
+}
+
+/// The `shape` tuple of a header, if it can be picked out. npyz multiplies
+/// the dimensions without overflow checks, so a forged shape is caught
+/// here, before npyz sees it.
+fn shape_guard(path: &Path, header: &str) -> Result<(), InteropError> {
+    let Some(at) = header.find("'shape'").or_else(|| header.find("\"shape\"")) else {
+        return Ok(());
+    };
+    let rest = &header[at..];
+    let (Some(open), Some(close)) = (rest.find('('), rest.find(')')) else {
+        return Ok(());
+    };
+    let mut product: u64 = 1;
+    for part in rest[open + 1..close.max(open + 1)]
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
+        let dim: u64 = part
+            .trim_end_matches('L')
+            .parse()
+            .map_err(|_| InteropError::invalid(path, format!("shape entry {part:?} is not a number")))?;
+        product = product
+            .checked_mul(dim)
+            .filter(|p| *p <= 1 << 48)
+            .ok_or_else(|| InteropError::invalid(path, "shape is impossibly large"))?;
+    }
+    Ok(())
+}
+
+/// Rows and columns from the shape and order.
+fn matrix_shape(path: &Path, shape: &[u64], order: Order) -> Result<(u64, usize), InteropError> {
+    let (rows, dim) = match *shape {
+        [dim] => (1, dim),
+        [rows, dim] => (rows, dim),
+        _ => {
+            return Err(InteropError::invalid(
+                path,
+                format!("shape {shape:?}: expected (rows, dim) or (dim,)"),
+            ));
+        }
+    };
+    if order == Order::Fortran && rows > 1 && dim > 1 {
+        return Err(InteropError::invalid(
+            path,
+            "Fortran-order array: rows are not contiguous (save np.ascontiguousarray(a))",
+        ));
+    }
+    let dim = usize::try_from(dim).map_err(|_| InteropError::invalid(path, "dimension too large"))?;
+    Ok((rows, dim))
+}
+
+fn element_of(path: &Path, dtype: &DType) -> Result<(NpyElement, String), InteropError> {
+    let descr = match dtype {
+        DType::Plain(t) => t.to_string(),
+        other => other.descr(),
+    };
+    let element = match dtype {
+        DType::Plain(t) if t.type_char() == TypeChar::Float && t.size_field() == 4 => NpyElement::F32,
+        DType::Plain(t) if t.type_char() == TypeChar::Float && t.size_field() == 2 => NpyElement::F16,
+        _ => {
+            return Err(InteropError::invalid(
+                path,
+                format!("dtype {descr} is not float32 or float16 (convert with a.astype(np.float32))"),
+            ));
+        }
+    };
+    Ok((element, descr))
+}
+
+impl NpyRowReader {
+    pub fn open(path: &Path) -> Result<NpyRowReader, InteropError> {
+        let mut file = File::open(path).map_err(InteropError::io("open", path))?;
+        let file_bytes = file.metadata().map_err(InteropError::io("stat", path))?.len();
+        let (data_offset, header) = read_prefix(path, &mut file)?;
+        shape_guard(path, &header)?;
+        let file = File::open(path).map_err(InteropError::io("open", path))?;
+        let npy = NpyFile::new(BufReader::with_capacity(1 << 20, file))
+            .map_err(|e| InteropError::invalid(path, format!("bad .npy header: {e}")))?;
+        let (element, descr) = element_of(path, &npy.dtype())?;
+        let (row_count, dim_count) = matrix_shape(path, npy.shape(), npy.order())?;
+        let need_bytes = row_count * dim_count as u64 * element.size_bytes();
+        let have_bytes = file_bytes.saturating_sub(data_offset);
+        if have_bytes != need_bytes {
+            return Err(InteropError::invalid(
+                path,
+                format!(
+                    "holds {have_bytes} bytes of data but shape ({row_count}, {dim_count}) of {descr} needs {need_bytes}{}",
+                    if have_bytes < need_bytes { " (truncated?)" } else { "" }
+                ),
+            ));
+        }
+        let dtype_error = |e: npyz::DTypeError| InteropError::invalid(path, e.to_string());
+        let rows = match element {
+            NpyElement::F32 => Rows::F32(npy.data::<f32>().map_err(dtype_error)?),
+            NpyElement::F16 => Rows::F16(npy.data::<f16>().map_err(dtype_error)?),
+        };
+        Ok(NpyRowReader {
+            path: path.to_path_buf(),
+            info: NpyInfo {
+                row_count,
+                dim_count,
+                element,
+                descr,
+            },
+            rows,
+            rows_read: 0,
+        })
+    }
+
+    pub fn info(&self) -> &NpyInfo {
+        &self.info
+    }
+
+    /// Rows read so far (the next row's number, from 0).
+    pub fn rows_read(&self) -> u64 {
+        self.rows_read
+    }
+
+    /// Appends up to `max_rows` rows (row after row) to `out` as f32;
+    /// returns how many were read (0 at the end).
+    pub fn read_rows(&mut self, max_rows: usize, out: &mut Vec<f32>) -> Result<usize, InteropError> {
+        let rows = (max_rows as u64).min(self.info.row_count - self.rows_read) as usize;
+        let values = rows * self.info.dim_count;
+        out.reserve(values);
+        let eof = |row: u64| InteropError::Row {
+            file: self.path.display().to_string(),
+            row,
+            detail: "the file ends inside this row".into(),
+        };
+        let failed = |row: u64, e: std::io::Error| InteropError::Row {
+            file: self.path.display().to_string(),
+            row,
+            detail: format!("read failed: {e}"),
+        };
+        for k in 0..values {
+            let row = self.rows_read + (k / self.info.dim_count.max(1)) as u64;
+            let x = match &mut self.rows {
+                Rows::F32(r) => r.next().ok_or_else(|| eof(row))?.map_err(|e| failed(row, e))?,
+                Rows::F16(r) => r.next().ok_or_else(|| eof(row))?.map_err(|e| failed(row, e))?.to_f32(),
+            };
+            out.push(x);
+        }
+        self.rows_read += rows as u64;
+        Ok(rows)
+    }
+}
+
+/// Why a row cannot be stored as an embedding, if it cannot.
+pub fn row_problem(row: &[f32]) -> Option<String> {
+    if let Some(k) = row.iter().position(|x| !x.is_finite()) {
+        return Some(format!("component {k} is {}", row[k]));
+    }
+    if row.iter().all(|x| *x == 0.0) {
+        return Some("the vector is all zeros (cannot be normalised)".into());
+    }
+    None
+}
+
+enum Sink {
+    F32(npyz::NpyWriter<f32, BufWriter<File>>),
+    F16(npyz::NpyWriter<f16, BufWriter<File>>),
+}
+
+/// Writes a `(rows, dim)` C-order matrix through a temporary file renamed
+/// into place by [`NpyMatrixWriter::finish`]; dropped unfinished, it
+/// removes the temporary file and leaves `path` alone.
+pub struct NpyMatrixWriter {
+    path: PathBuf,
+    tmp: PathBuf,
+    sink: Option<Sink>,
+    row_count: u64,
+    dim_count: usize,
+    rows_written: u64,
+}
+
+impl NpyMatrixWriter {
+    pub fn create(
+        path: &Path,
+        row_count: u64,
+        dim_count: usize,
+        element: NpyElement,
+    ) -> Result<NpyMatrixWriter, InteropError> {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+        let file = File::create(&tmp).map_err(InteropError::io("create", &tmp))?;
+        let out = BufWriter::with_capacity(1 << 20, file);
+        let dtype = DType::Plain(element.descr().parse().expect("a valid literal type string"));
+        let shape = [row_count, dim_count as u64];
+        let started = |e| InteropError::io("write", &tmp)(e);
+        let sink = match element {
+            NpyElement::F32 => Sink::F32(
+                npyz::WriteOptions::new()
+                    .dtype(dtype)
+                    .shape(&shape)
+                    .writer(out)
+                    .begin_nd()
+                    .map_err(started)?,
+            ),
+            NpyElement::F16 => Sink::F16(
+                npyz::WriteOptions::new()
+                    .dtype(dtype)
+                    .shape(&shape)
+                    .writer(out)
+                    .begin_nd()
+                    .map_err(started)?,
+            ),
+        };
+        Ok(NpyMatrixWriter {
+            path: path.to_path_buf(),
+            tmp,
+            sink: Some(sink),
+            row_count,
+            dim_count,
+            rows_written: 0,
+        })
+    }
+
+    pub fn write_row(&mut self, row: &[f32]) -> Result<(), InteropError> {
+        if row.len() != self.dim_count || self.rows_written >= self.row_count {
+            return Err(InteropError::Row {
+                file: self.path.display().to_string(),
+                row: self.rows_written,
+                detail: format!(
+                    "row of {} values does not fit a ({}, {}) matrix",
+                    row.len(),
+                    self.row_count,
+                    self.dim_count
+                ),
+            });
+        }
+        let result = match self.sink.as_mut().expect("unfinished writer") {
+            Sink::F32(w) => row.iter().try_for_each(|x| w.push(x)),
+            Sink::F16(w) => row.iter().try_for_each(|x| w.push(&f16::from_f32(*x))),
+        };
+        result.map_err(InteropError::io("write", &self.tmp))?;
+        self.rows_written += 1;
+        Ok(())
+    }
+
+    /// Checks the row count, flushes, fsyncs and renames into place.
+    pub fn finish(mut self) -> Result<(), InteropError> {
+        if self.rows_written != self.row_count {
+            return Err(InteropError::invalid(
+                &self.path,
+                format!("{} rows written, {} announced", self.rows_written, self.row_count),
+            ));
+        }
+        let tmp = self.tmp.clone();
+        let finished = match self.sink.take().expect("unfinished writer") {
+            Sink::F32(w) => w.finish(),
+            Sink::F16(w) => w.finish(),
+        };
+        finished.map_err(InteropError::io("write", &tmp))?;
+        File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(InteropError::io("fsync", &tmp))?;
+        std::fs::rename(&tmp, &self.path).map_err(InteropError::io("rename into place", &self.path))
+    }
+}
+
+impl Drop for NpyMatrixWriter {
+    fn drop(&mut self) {
+        if self.sink.is_some() || self.tmp.exists() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! Writing a bank tree in the reference's current schema, byte-compatible
+//! with what its `save_tree` writes (`json.dump(indent=2)`, BFS order, the
+//! placeholder root first).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use serde_json::{Map, Value};
+
+use super::{META_KEYS, PAYLOAD_KEYS, REFERENCE_META_FIELD, REFERENCE_PAYLOAD_FIELD, placeholder_scenario};
+use crate::Bank;
+use crate::format::row::Row;
+use crate::interop::InteropError;
+use crate::interop::pyjson::{Layout, PyValue, write_value};
+
+#[derive(Debug, Clone, Default)]
+pub struct ExportOptions {
+    /// `meta.timestamp`; None writes the current time (as the reference).
+    pub timestamp_s: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportReport {
+    /// Nodes written, without the placeholder.
+    pub nodes: u64,
+    pub max_depth: u32,
+}
+
+/// A stable, UUID-shaped id (version 4 layout) for a node that has no
+/// external id: the same bank gives the same id on every export.
+pub fn synthetic_uuid(seed: u64, index: u32) -> String {
+    let mix = |mut x: u64| {
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^ (x >> 31)
+    };
+    let hi = mix(seed ^ u64::from(index).rotate_left(32));
+    let lo = mix(hi ^ u64::from(index) ^ 0x5bd1_e995);
+    let hi = (hi & !0xF000) | 0x4000; // version 4
+    let lo = (lo & !(0xC << 60)) | (0x8 << 60); // RFC 4122 variant
+    let h = format!("{hi:016x}{lo:016x}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// The nodes of one tree in the order the reference saves them.
+struct TreeView {
+    rows: BTreeMap<u32, Row>,
+    children: BTreeMap<u32, Vec<u32>>,
+    roots: Vec<u32>,
+    bfs: Vec<u32>,
+    seed: u64,
+}
+
+impl TreeView {
+    fn load(bank: &Bank, tree_name: &str) -> Result<TreeView, InteropError> {
+        let tree = bank.tree_index(tree_name)?;
+        let mut view = TreeView {
+            rows: BTreeMap::new(),
+            children: BTreeMap::new(),
+            roots: Vec::new(),
+            bfs: Vec::new(),
+            seed: bank.manifest().created_unix_ms,
+        };
+        for index in 0..bank.node_count() {
+            let row = bank.row(index)?;
+            if row.tree != tree {
+                continue;
+            }
+            match row.parent() {
+                Some(p) => view.children.entry(p).or_default().push(index),
+                None => view.roots.push(index),
+            }
+            view.rows.insert(index, row);
+        }
+        let mut queue: std::collections::VecDeque<u32> = view.roots.iter().copied().collect();
+        while let Some(i) = queue.pop_front() {
+            view.bfs.push(i);
+            queue.extend(view.children.get(&i).into_iter().flatten());
+        }
+        Ok(view)
+    }
+
+    fn node_id(&self, index: u32) -> String {
+        self.rows[&index]
+            .external_id_text()
+            .unwrap_or_else(|| synthetic_uuid(self.seed, index))
+    }
+
+    fn child_ids(&self, index: u32) -> PyValue {
+        let kids = self.children.get(&index).map_or(&[][..], Vec::as_slice);
+        PyValue::List(kids.iter().map(|&k| PyValue::Str(self.node_id(k))).collect())
+    }
+
+    fn max_depth(&self) -> u32 {
+        self.rows.values().map(|r| u32::from(r.depth)).max().unwrap_or(0)
+    }
+}
+
+/// Writes tree `tree` as a reference file.
+pub fn export_tree(
+    bank: &Bank,
+    tree: &str,
+    out: &mut impl Write,
+    options: &ExportOptions,
+) -> Result<ExportReport, InteropError> {
+    let view = TreeView::load(bank, tree)?;
+    let timestamp = options.timestamp_s.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64)
+    });
+    let header = PyValue::Dict(vec![
+        ("tree_name".into(), PyValue::str(tree)),
+        ("timestamp".into(), PyValue::Int(timestamp)),
+        (
+            "stats".into(),
+            PyValue::Dict(vec![
+                ("total_nodes".into(), PyValue::UInt(view.rows.len() as u64 + 1)),
+                ("max_depth".into(), PyValue::UInt(u64::from(view.max_depth()))),
+            ]),
+        ),
+    ]);
+    let layout = Layout { indent: Some(2) };
+    let io = |e| InteropError::Io {
+        op: "write",
+        file: "export output".into(),
+        source: e,
+    };
+    out.write_all(b"{\n  \"meta\": ").map_err(io)?;
+    write_value(out, &header, layout, 1).map_err(io)?;
+    out.write_all(b",\n  \"nodes\": [\n    ").map_err(io)?;
+    write_value(out, &placeholder(bank, tree, &view), layout, 2).map_err(io)?;
+    for &index in &view.bfs {
+        out.write_all(b",\n    ").map_err(io)?;
+        write_value(out, &node_value(bank, &view, index, true)?, layout, 2).map_err(io)?;
+    }
+    out.write_all(b"\n  ]\n}").map_err(io)?;
+    Ok(ExportReport {
+        nodes: view.bfs.len() as u64,
+        max_depth: view.max_depth(),
+    })
+}
+
+/// Writes tree `tree` as JSON Lines: one node object per line (the
+/// reference's node schema plus the bank `id` and `depth` first), BFS
+/// order, no placeholder (top-level roots have `parent_id: null`).
+pub fn export_jsonl(bank: &Bank, tree: &str, out: &mut impl Write) -> Result<ExportReport, InteropError> {
+    let view = TreeView::load(bank, tree)?;
+    let io = |e| InteropError::Io {
+        op: "write",
+        file: "export output".into(),
+        source: e,
+    };
+    for &index in &view.bfs {
+        let PyValue::Dict(fields) = node_value(bank, &view, index, false)? else {
+            unreachable!("node_value builds a dict");
+        };
+        let mut line = vec![
+            ("id".to_string(), PyValue::UInt(u64::from(index))),
+            ("depth".to_string(), PyValue::UInt(u64::from(view.rows[&index].depth))),
+        ];
+        line.extend(fields);
+        write_value(out, &PyValue::Dict(line), Layout { indent: None }, 0).map_err(io)?;
+        out.write_all(b"\n").map_err(io)?;
+    }
+    Ok(ExportReport {
+        nodes: view.bfs.len() as u64,
+        max_depth: view.max_depth(),
+    })
+}
+
+fn placeholder(bank: &Bank, tree: &str, view: &TreeView) -> PyValue {
+    let created_s = bank.manifest().created_unix_ms / 1000;
+    let meta = vec![
+        ("node_type", PyValue::str("ROOT")),
+        ("result_status", PyValue::str("SUCCESS")),
+        ("created_at", PyValue::UInt(created_s)),
+        ("usage_count", PyValue::UInt(0)),
+        ("hit_count", PyValue::UInt(0)),
+        ("success_count", PyValue::UInt(0)),
+        ("is_consolidated", PyValue::Bool(false)),
+        ("episode_idx", PyValue::Null),
+        ("is_consolidated_root", PyValue::Bool(false)),
+    ];
+    let mut payload = vec![(
+        "scenario_description".to_string(),
+        PyValue::Str(placeholder_scenario(tree)),
+    )];
+    payload.extend(PAYLOAD_KEYS[1..].iter().map(|k| (k.to_string(), PyValue::Null)));
+    let zeros = vec![PyValue::Float(0.0); bank.dim_count() as usize];
+    PyValue::Dict(vec![
+        ("node_id".into(), PyValue::Str(placeholder_id(view, tree))),
+        ("parent_id".into(), PyValue::Null),
+        (
+            "children_ids".into(),
+            PyValue::List(view.roots.iter().map(|&r| PyValue::Str(view.node_id(r))).collect()),
+        ),
+        (
+            "meta".into(),
+            PyValue::Dict(meta.into_iter().map(|(k, v)| (k.into(), v)).collect()),
+        ),
+        (
+            "index".into(),
+            PyValue::Dict(vec![("embedding".into(), PyValue::List(zeros))]),
+        ),
+        ("payload".into(), PyValue::Dict(payload)),
+    ])
+}
+
+/// A JSON-object payload field, or an error naming the node.
+fn json_field(fields: &BTreeMap<String, String>, key: &str, node_id: &str) -> Result<Map<String, Value>, InteropError> {
+    let Some(text) = fields.get(key) else {
+        return Ok(Map::new());
+    };
+    match serde_json::from_str(text) {
+        Ok(Value::Object(map)) => Ok(map),
+        _ => Err(InteropError::Node {
+            file: "the bank".into(),
+            node_id: node_id.to_string(),
+            detail: format!("payload field {key} is not a JSON object"),
+        }),
+    }
+}
+
+fn node_value(bank: &Bank, view: &TreeView, index: u32, with_placeholder: bool) -> Result<PyValue, InteropError> {
+    let row = &view.rows[&index];
+    let payload = bank.payload(index)?;
+    let node_id = view.node_id(index);
+    let ref_meta = json_field(&payload.fields, REFERENCE_META_FIELD, &node_id)?;
+    let ref_payload = json_field(&payload.fields, REFERENCE_PAYLOAD_FIELD, &node_id)?;
+    let parent_id = match row.parent() {
+        Some(p) => PyValue::Str(view.node_id(p)),
+        None if with_placeholder => PyValue::Str(placeholder_id(view, bank.tree_name(row.tree))),
+        None => PyValue::Null,
+    };
+    let embedding = bank
+        .vector(index)?
+        .into_iter()
+        .map(|x| PyValue::Float(f64::from(x)))
+        .collect();
+    Ok(PyValue::Dict(vec![
+        ("node_id".into(), PyValue::Str(node_id)),
+        ("parent_id".into(), parent_id),
+        ("children_ids".into(), view.child_ids(index)),
+        ("meta".into(), meta_value(row, &ref_meta)),
+        (
+            "index".into(),
+            PyValue::Dict(vec![("embedding".into(), PyValue::List(embedding))]),
+        ),
+        (
+            "payload".into(),
+            payload_value(&payload.scenario, &payload.fields, &ref_payload),
+        ),
+    ]))
+}
+
+/// The placeholder's id: synthetic, but stable per bank and tree.
+fn placeholder_id(view: &TreeView, tree_name: &str) -> String {
+    let tree_seed = crate::format::crc32(tree_name.as_bytes());
+    synthetic_uuid(view.seed ^ u64::from(tree_seed), u32::MAX)
+}
+
+fn seconds(unix_ms: u64) -> PyValue {
+    if unix_ms.is_multiple_of(1000) {
+        PyValue::UInt(unix_ms / 1000)
+    } else {
+        PyValue::Float(unix_ms as f64 / 1000.0)
+    }
+}
+
+/// The meta object: bank columns, with what `reference_meta` kept from the
+/// imported file taking precedence where the bank has no column for it.
+fn meta_value(row: &Row, kept: &Map<String, Value>) -> PyValue {
+    let kept_or = |key: &str, fallback: PyValue| kept.get(key).map_or(fallback, PyValue::from);
+    let kept_flag = |key: &str| kept.get(key).and_then(Value::as_bool).unwrap_or(false);
+    let mut meta = vec![
+        (
+            "node_type".to_string(),
+            kept_or("node_type", PyValue::str(row.node_type.as_str())),
+        ),
+        ("result_status".into(), PyValue::str(row.label.as_str())),
+        ("created_at".into(), kept_or("created_at", seconds(row.created_unix_ms))),
+        (
+            "usage_count".into(),
+            kept_or("usage_count", PyValue::UInt(u64::from(row.retrievals))),
+        ),
+        ("hit_count".into(), PyValue::UInt(u64::from(row.retrievals))),
+        ("success_count".into(), PyValue::UInt(u64::from(row.success_hits))),
+        (
+            "is_consolidated".into(),
+            PyValue::Bool(row.is_consolidated() || kept_flag("is_consolidated")),
+        ),
+        ("episode_idx".into(), kept_or("episode_idx", PyValue::Null)),
+        (
+            "is_consolidated_root".into(),
+            PyValue::Bool(row.is_consolidated_root() || kept_flag("is_consolidated_root")),
+        ),
+    ];
+    for (key, v) in kept.iter().filter(|(k, _)| !META_KEYS.contains(&k.as_str())) {
+        meta.push((key.clone(), PyValue::from(v)));
+    }
+    PyValue::Dict(meta)
+}
+
+fn payload_value(scenario: &str, fields: &BTreeMap<String, String>, kept: &Map<String, Value>) -> PyValue {
+    let mut out = vec![("scenario_description".to_string(), PyValue::str(scenario))];
+    for key in &PAYLOAD_KEYS[1..] {
+        let value = kept
+            .get(*key)
+            .map_or_else(|| PyValue::opt_str(fields.get(*key)), PyValue::from);
+        out.push((key.to_string(), value));
+    }
+    let internal = [REFERENCE_META_FIELD, REFERENCE_PAYLOAD_FIELD];
+    for (key, text) in fields {
+        if !PAYLOAD_KEYS.contains(&key.as_str()) && !internal.contains(&key.as_str()) {
+            out.push((key.clone(), PyValue::str(text.as_str())));
+        }
+    }
+    for (key, v) in kept.iter().filter(|(k, _)| !PAYLOAD_KEYS.contains(&k.as_str())) {
+        out.push((key.clone(), PyValue::from(v)));
+    }
+    PyValue::Dict(out)
+}

@@ -1,0 +1,419 @@
+//! NumPy interop through the real binary: `import --npy`, `query --npy`
+//! and `dump --embeddings-npy`, with matrices written by the library's
+//! writer and by NumPy itself (the files in tests/fixtures/npy, and NumPy
+//! live when it is installed).
+
+mod tools_common;
+
+use std::path::Path;
+
+use deltamem::interop::npy::{NpyElement, NpyRowReader};
+use serde_json::{Value, json};
+use tools_common::*;
+
+fn read_matrix(path: &Path) -> (u64, usize, Vec<f32>) {
+    let mut r = NpyRowReader::open(path).unwrap();
+    let (rows, dim) = (r.info().row_count, r.info().dim_count);
+    let mut values = Vec::new();
+    r.read_rows(rows as usize, &mut values).unwrap();
+    (rows, dim, values)
+}
+
+/// The values every fixture in tests/fixtures/npy holds (see its README).
+fn fixture_rows() -> Vec<Vec<f32>> {
+    (0..3)
+        .map(|i| {
+            (0..4)
+                .map(|j| (i as f32 + 1.0) * 0.25 - j as f32 * 0.125 + 0.0625)
+                .collect()
+        })
+        .collect()
+}
+
+fn import_npy(bank: &Path, npy: &Path, extra: &[&str]) -> Run {
+    let mut args = vec!["import", s(bank), "--tree", "task", "--npy", s(npy)];
+    args.extend_from_slice(extra);
+    deltamem(&args, "")
+}
+
+#[test]
+fn f32_rows_import_query_and_dump_round_trip() {
+    let (dir, bank) = bank(8, &[]);
+    let rows = random_rows(50, 8, 7);
+    let npy = dir.path().join("v.npy");
+    write_npy(&npy, &rows, NpyElement::F32);
+    let run = import_npy(&bank, &npy, &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let acks = run.lines();
+    assert_eq!(acks.len(), 50, "one ack per row");
+    for (row, ack) in acks.iter().enumerate() {
+        assert_eq!(ack["id"], row as u64, "row order");
+        assert_eq!((ack["type"].as_str(), ack["depth"].as_u64()), (Some("ROOT"), Some(1)));
+        assert!(ack["parent"].is_null());
+    }
+    let dumped = dump(&bank, &[]);
+    assert_eq!(dumped[7]["scenario"], "row 7", "default scenario");
+    assert_eq!(dumped[7]["label"], "SUCCESS");
+    // Each row's best match is its own node.
+    let answers = ok(&["query", s(&bank), "--tree", "task", "--npy", s(&npy), "--k", "2"]).lines();
+    assert_eq!(answers.len(), 50);
+    for (row, a) in answers.iter().enumerate() {
+        let best = &a["matches"][0];
+        assert_eq!(best["id"], row as u64);
+        assert!((best["score"].as_f64().unwrap() - 1.0).abs() < 1e-5);
+        assert_eq!(best["chain"], json!([row]));
+    }
+    let out = dir.path().join("dump.npy");
+    let lines = ok(&["dump", s(&bank), "--embeddings-npy", s(&out)]).lines();
+    let (count, dim, values) = read_matrix(&out);
+    assert_eq!((count, dim), (50, 8));
+    for (r, row) in rows.iter().enumerate() {
+        assert_eq!(lines[r]["id"], r as u64, "matrix row r is output line r");
+        let got: Vec<f64> = values[r * 8..(r + 1) * 8].iter().map(|x| f64::from(*x)).collect();
+        assert!(max_abs_diff(&got, &unit(row)) < 1e-6, "row {r}");
+    }
+}
+
+#[test]
+fn f16_rows_import_as_their_exact_values() {
+    let (dir, bank) = bank(4, &[]);
+    let rows = fixture_rows();
+    let npy = dir.path().join("h.npy");
+    write_npy(&npy, &rows, NpyElement::F16);
+    assert_eq!(NpyRowReader::open(&npy).unwrap().info().descr, "<f2");
+    let run = import_npy(&bank, &npy, &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let dumped = dump(&bank, &["--embeddings"]);
+    for (r, row) in rows.iter().enumerate() {
+        assert!(max_abs_diff(&floats(&dumped[r]["embedding"]), &unit(row)) < 1e-6);
+    }
+    let answers = ok(&[
+        "query",
+        s(&bank),
+        "--tree",
+        "task",
+        "--npy",
+        s(&npy),
+        "--tau",
+        "-1",
+        "--k",
+        "3",
+    ])
+    .lines();
+    for (r, a) in answers.iter().enumerate() {
+        for m in a["matches"].as_array().unwrap() {
+            let other = &rows[m["id"].as_u64().unwrap() as usize];
+            let cos: f64 = unit(&rows[r]).iter().zip(unit(other)).map(|(x, y)| x * y).sum();
+            assert!((m["score"].as_f64().unwrap() - cos).abs() < 1e-5);
+        }
+    }
+}
+
+#[test]
+fn files_written_by_numpy_are_read_or_refused_by_name() {
+    let (_dir, bank) = bank(4, &[]);
+    let want: Vec<Vec<f64>> = fixture_rows().iter().map(|r| unit(r)).collect();
+    let mut expected_ids = 0;
+    for name in [
+        "numpy_f32_3x4.npy",
+        "numpy_f16_3x4.npy",
+        "numpy_f32be_3x4.npy",
+        "numpy_v2_f32_3x4.npy",
+        "numpy_f32_row_4.npy",
+    ] {
+        let run = import_npy(&bank, &local_fixture(&format!("npy/{name}")), &[]);
+        assert_eq!(run.code, 0, "{name}: {}", run.stderr);
+        let first = expected_ids;
+        expected_ids += run.lines().len();
+        let dumped = dump(&bank, &["--embeddings"]);
+        for (k, node) in dumped[first..expected_ids].iter().enumerate() {
+            assert!(
+                max_abs_diff(&floats(&node["embedding"]), &want[k]) < 1e-6,
+                "{name} row {k}"
+            );
+        }
+    }
+    assert_eq!(expected_ids, 4 * 3 + 1);
+    for (name, why) in [("numpy_f64_3x4.npy", "float32"), ("numpy_fortran_3x4.npy", "Fortran")] {
+        let path = local_fixture(&format!("npy/{name}"));
+        let run = import_npy(&bank, &path, &[]);
+        assert_eq!(run.code, 1);
+        assert!(
+            run.stderr.contains(s(&path)) && run.stderr.contains(why),
+            "{name}: {}",
+            run.stderr
+        );
+    }
+}
+
+#[test]
+fn our_writer_writes_what_numpy_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    for (element, name) in [
+        (NpyElement::F32, "numpy_f32_3x4.npy"),
+        (NpyElement::F16, "numpy_f16_3x4.npy"),
+    ] {
+        let ours = dir.path().join(name);
+        write_npy(&ours, &fixture_rows(), element);
+        let theirs = std::fs::read(local_fixture(&format!("npy/{name}"))).unwrap();
+        let ours = std::fs::read(&ours).unwrap();
+        // Same length (both pad the header to 64 bytes) and the same data;
+        // the header text may differ in spacing ("(3, 4)" vs "(3, 4, )").
+        assert_eq!(ours.len(), theirs.len(), "{name}");
+        let data_bytes = 12 * element.size_bytes() as usize;
+        assert_eq!(
+            ours[ours.len() - data_bytes..],
+            theirs[theirs.len() - data_bytes..],
+            "{name}: data"
+        );
+    }
+}
+
+const NUMPY_CHECK: &str = r#"
+import sys, numpy as np
+raw = np.array([[(i + 1) * 0.25 - j * 0.125 + 0.0625 for j in range(4)] for i in range(3)])
+a = np.load(sys.argv[1])
+want = raw / np.linalg.norm(raw, axis=1, keepdims=True)
+assert a.dtype == np.float32 and a.shape == (3, 4) and a.flags["C_CONTIGUOUS"], (a.dtype, a.shape)
+assert np.abs(a - want).max() < 1e-6, np.abs(a - want).max()
+b = np.load(sys.argv[2])
+assert b.dtype == np.float16 and b.shape == (3, 4), (b.dtype, b.shape)
+assert np.array_equal(b.astype(np.float64), raw), "float16 values are exact"
+print("ok")
+"#;
+
+#[test]
+fn numpy_loads_what_we_write() {
+    if !python_with("numpy") {
+        if std::env::var("DELTAMEM_REQUIRE_NUMPY").as_deref() == Ok("1") {
+            panic!("DELTAMEM_REQUIRE_NUMPY=1 but python3 cannot import numpy");
+        }
+        eprintln!("SKIPPED: numpy is not installed; our .npy files are not checked with NumPy itself");
+        return;
+    }
+    let (dir, bank) = bank(4, &[]);
+    let (raw, half) = (dir.path().join("raw.npy"), dir.path().join("half.npy"));
+    write_npy(&raw, &fixture_rows(), NpyElement::F32);
+    write_npy(&half, &fixture_rows(), NpyElement::F16);
+    assert_eq!(import_npy(&bank, &raw, &[]).code, 0);
+    let dumped = dir.path().join("dump.npy");
+    ok(&["dump", s(&bank), "--embeddings-npy", s(&dumped)]);
+    let run = python(NUMPY_CHECK, &[s(&dumped), s(&half)]);
+    assert_eq!((run.code, run.stdout.trim()), (0, "ok"), "{}", run.stderr);
+}
+
+#[test]
+fn meta_lines_give_scenario_payload_label_attach_and_id() {
+    let (dir, bank) = bank(4, &[]);
+    let npy = dir.path().join("v.npy");
+    write_npy(&npy, &random_rows(4, 4, 3), NpyElement::F32);
+    let meta = dir.path().join("meta.jsonl");
+    let lines = [
+        json!({"scenario": "boil water", "payload": {"execution_procedure": "heat"}, "id": "first-row"}),
+        json!({"label": "FAILURE", "attach": {"parent": "first-row"}, "id": "second-row"}),
+        json!({}),
+        json!({"attach": {"parent": 1}, "tree": "task"}),
+    ];
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&meta, text).unwrap();
+    let run = import_npy(&bank, &npy, &["--meta", s(&meta)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let acks = run.lines();
+    assert_eq!(acks[0]["external_id"], "first-row");
+    assert_eq!(
+        (acks[1]["parent"].as_u64(), acks[1]["type"].as_str()),
+        (Some(0), Some("RESIDUAL"))
+    );
+    assert_eq!(acks[3]["parent"], 1);
+    let d = dump(&bank, &[]);
+    assert_eq!(d[0]["scenario"], "boil water");
+    assert_eq!(d[0]["payload"]["execution_procedure"], "heat");
+    assert_eq!(d[1]["label"], "FAILURE");
+    assert_eq!(d[1]["external_id"], "second-row");
+    assert_eq!(d[2]["scenario"], "row 2", "empty META object: defaults");
+    assert_eq!(d[3]["depth"], 3);
+}
+
+fn bad_rows(count: usize, dim: usize, bad: &[(usize, f32)]) -> Vec<Vec<f32>> {
+    let mut rows = random_rows(count, dim, 11);
+    for &(r, x) in bad {
+        rows[r] = if x == 0.0 { vec![0.0; dim] } else { vec![x; dim] };
+    }
+    rows
+}
+
+#[test]
+fn bad_rows_stop_the_import_before_anything_is_written() {
+    let (dir, bank) = bank(4, &[]);
+    let npy = dir.path().join("v.npy");
+    write_npy(&npy, &bad_rows(10, 4, &[(3, f32::NAN), (7, 0.0)]), NpyElement::F32);
+    let run = import_npy(&bank, &npy, &["--batch", "4"]);
+    assert_eq!(run.code, 1);
+    assert_eq!(run.stdout, "");
+    for needle in [
+        format!("{}: row 3: component 0 is NaN", s(&npy)),
+        format!("{}: row 7:", s(&npy)),
+        "2 bad row(s)".into(),
+    ] {
+        assert!(run.stderr.contains(&needle), "missing {needle:?} in {}", run.stderr);
+    }
+    assert_eq!(ok(&["stats", s(&bank), "--json"]).json()["nodes"], 0);
+}
+
+#[test]
+fn keep_going_rejects_only_the_batch_holding_a_bad_row() {
+    let (dir, bank) = bank(4, &[]);
+    let npy = dir.path().join("v.npy");
+    write_npy(&npy, &bad_rows(10, 4, &[(5, f32::INFINITY)]), NpyElement::F32);
+    let run = import_npy(&bank, &npy, &["--batch", "4", "--keep-going"]);
+    assert_eq!(run.code, 1, "a rejected row fails the command");
+    let lines = run.lines();
+    assert_eq!(lines.len(), 10, "one line per row, rejected or not");
+    for (row, line) in lines.iter().enumerate() {
+        if (4..8).contains(&row) {
+            assert_eq!(line["row"], row as u64);
+            assert!(line["error"].as_str().unwrap().contains("row 5"), "{line}");
+        } else {
+            assert!(line["id"].is_u64(), "row {row} stored: {line}");
+        }
+    }
+    assert!(run.stderr.contains("rows 4..=7 rejected"), "{}", run.stderr);
+    let stored: Vec<Value> = dump(&bank, &[]).iter().map(|d| d["scenario"].clone()).collect();
+    let want: Vec<Value> = [0, 1, 2, 3, 8, 9].iter().map(|r| json!(format!("row {r}"))).collect();
+    assert_eq!(stored, want);
+}
+
+#[test]
+fn a_batch_the_bank_refuses_is_rejected_whole() {
+    let (dir, bank) = bank(4, &[]);
+    let npy = dir.path().join("v.npy");
+    write_npy(&npy, &random_rows(4, 4, 5), NpyElement::F32);
+    let meta = dir.path().join("meta.jsonl");
+    // Row 3 names a parent that does not exist: only the bank can tell.
+    std::fs::write(&meta, "{}\n{}\n{}\n{\"attach\": {\"parent\": \"nobody\"}}\n").unwrap();
+    let run = import_npy(&bank, &npy, &["--meta", s(&meta), "--batch", "2"]);
+    assert_eq!(run.code, 1);
+    assert!(
+        run.stderr.contains(&format!("row 3 ({} line 4)", s(&meta))),
+        "{}",
+        run.stderr
+    );
+    let lines = run.lines();
+    assert!(lines[0]["id"].is_u64() && lines[1]["id"].is_u64());
+    assert_eq!((lines[2]["row"].as_u64(), lines[3]["row"].as_u64()), (Some(2), Some(3)));
+    assert_eq!(dump(&bank, &[]).len(), 2);
+}
+
+#[test]
+fn mismatched_inputs_are_refused_before_writing() {
+    let (dir, bank) = bank(4, &[]);
+    let npy = dir.path().join("v.npy");
+    write_npy(&npy, &random_rows(3, 4, 1), NpyElement::F32);
+    let meta = dir.path().join("meta.jsonl");
+    std::fs::write(&meta, "{}\n{}\n").unwrap();
+    let run = import_npy(&bank, &npy, &["--meta", s(&meta)]);
+    assert!(
+        run.code == 1 && run.stderr.contains("2 lines") && run.stderr.contains("3 rows"),
+        "{}",
+        run.stderr
+    );
+    std::fs::write(&meta, "{}\n{\"senario\": \"typo\"}\n{}\n").unwrap();
+    let run = import_npy(&bank, &npy, &["--meta", s(&meta)]);
+    assert!(
+        run.code == 1 && run.stderr.contains("line 2") && run.stderr.contains("senario"),
+        "{}",
+        run.stderr
+    );
+    let wide = dir.path().join("wide.npy");
+    write_npy(&wide, &random_rows(2, 6, 1), NpyElement::F32);
+    let run = import_npy(&bank, &wide, &[]);
+    assert!(
+        run.code == 1 && run.stderr.contains(s(&wide)) && run.stderr.contains("6 dimensions"),
+        "{}",
+        run.stderr
+    );
+    let cut = dir.path().join("cut.npy");
+    let bytes = std::fs::read(&npy).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() - 5]).unwrap();
+    let run = import_npy(&bank, &cut, &[]);
+    assert!(
+        run.code == 1 && run.stderr.contains(s(&cut)) && run.stderr.contains("truncated"),
+        "{}",
+        run.stderr
+    );
+    let junk = dir.path().join("junk.npy");
+    std::fs::write(
+        &junk,
+        b"\x93NUMPY\x01\x00\x20\x00{'descr': '<f4', 'shape': (99999999999, 99999999999), }",
+    )
+    .unwrap();
+    let run = import_npy(&bank, &junk, &[]);
+    assert!(run.code == 1 && run.stderr.contains(s(&junk)), "{}", run.stderr);
+    assert_eq!(ok(&["stats", s(&bank), "--json"]).json()["nodes"], 0);
+}
+
+#[test]
+fn npy_queries_answer_like_stdin_queries_on_any_thread_count() {
+    let (dir, bank) = bank(8, &[]);
+    let stored = dir.path().join("stored.npy");
+    write_npy(&stored, &random_rows(200, 8, 21), NpyElement::F32);
+    assert_eq!(import_npy(&bank, &stored, &[]).code, 0);
+    let queries = random_rows(300, 8, 22);
+    let q = dir.path().join("q.npy");
+    write_npy(&q, &queries, NpyElement::F32);
+    let one = ok(&[
+        "query",
+        s(&bank),
+        "--tree",
+        "task",
+        "--npy",
+        s(&q),
+        "--k",
+        "3",
+        "--tau",
+        "0",
+    ]);
+    let four = ok(&[
+        "query",
+        s(&bank),
+        "--tree",
+        "task",
+        "--npy",
+        s(&q),
+        "--k",
+        "3",
+        "--tau",
+        "0",
+        "--threads",
+        "4",
+    ]);
+    assert_eq!(one.stdout, four.stdout, "threads change nothing but speed");
+    let stdin: String = queries
+        .iter()
+        .map(|v| format!("{}\n", json!({"tree": "task", "embedding": v, "k": 3, "tau": 0.0})))
+        .collect();
+    let via_stdin = deltamem(&["query", s(&bank)], &stdin);
+    assert_eq!(via_stdin.code, 0, "{}", via_stdin.stderr);
+    assert_eq!(one.stdout, via_stdin.stdout, "same lines as stdin queries");
+    assert_eq!(one.lines().len(), 300);
+}
+
+#[test]
+fn a_bad_query_row_gets_an_error_line_in_its_place() {
+    let (dir, bank) = bank(4, &[]);
+    let stored = dir.path().join("s.npy");
+    write_npy(&stored, &random_rows(5, 4, 2), NpyElement::F32);
+    assert_eq!(import_npy(&bank, &stored, &[]).code, 0);
+    let q = dir.path().join("q.npy");
+    write_npy(&q, &bad_rows(3, 4, &[(1, 0.0)]), NpyElement::F32);
+    let run = deltamem(
+        &["query", s(&bank), "--tree", "task", "--npy", s(&q), "--threads", "2"],
+        "",
+    );
+    assert_eq!(run.code, 1);
+    let lines = run.lines();
+    assert_eq!(lines.len(), 3);
+    assert!(lines[0]["matches"].is_array() && lines[2]["matches"].is_array());
+    assert_eq!(lines[1]["row"], 1);
+    assert!(run.stderr.contains(&format!("{}: row 1", s(&q))), "{}", run.stderr);
+}
