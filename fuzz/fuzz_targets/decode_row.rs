@@ -1,14 +1,8 @@
 #![no_main]
-//! A row that decodes must re-encode to the same 128 bytes.
-use deltamem::format::row::{ROW_SIZE_BYTES, Row};
-use libfuzzer_sys::fuzz_target;
+//! See tests/common/fuzz_bodies.rs (shared with the corpus replay test).
+#[path = "../../tests/common/fuzz_bodies.rs"]
+mod fuzz_bodies;
+#[path = "../../tests/common/crashkit.rs"]
+mod crashkit;
 
-fuzz_target!(|data: &[u8]| {
-    if data.len() < 4 {
-        return;
-    }
-    let index = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
-    if let Ok(row) = Row::decode(&data[4..], index) {
-        assert_eq!(&row.encode()[..], &data[4..4 + ROW_SIZE_BYTES]);
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| fuzz_bodies::decode_row(data));

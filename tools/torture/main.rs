@@ -29,8 +29,16 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let sibling = std::env::current_exe().map_err(|e| e.to_string())?.with_file_name("deltamem");
-    let mut args = Args { cycles: 20, seed: 1, max_run_ms: 400, bank: None, deltamem: sibling };
+    let sibling = std::env::current_exe()
+        .map_err(|e| e.to_string())?
+        .with_file_name("deltamem");
+    let mut args = Args {
+        cycles: 20,
+        seed: 1,
+        max_run_ms: 400,
+        bank: None,
+        deltamem: sibling,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -134,7 +142,9 @@ fn stored_ids(args: &Args, bank: &Path) -> Result<BTreeSet<String>, String> {
 }
 
 fn verify(args: &Args, bank: &Path) -> Result<(), String> {
-    let out = Command::new(&args.deltamem).args(["verify", &bank.display().to_string()]).output();
+    let out = Command::new(&args.deltamem)
+        .args(["verify", &bank.display().to_string()])
+        .output();
     match out {
         Ok(o) if o.status.success() => Ok(()),
         Ok(o) => Err(format!("verify failed: {}", String::from_utf8_lossy(&o.stderr).trim())),
@@ -144,7 +154,13 @@ fn verify(args: &Args, bank: &Path) -> Result<(), String> {
 
 fn torture(args: &Args, bank: &Path) -> Result<(u32, usize, usize), String> {
     let init = Command::new(&args.deltamem)
-        .args(["init", &bank.display().to_string(), "--dim", &DIM.to_string(), "--quiet"])
+        .args([
+            "init",
+            &bank.display().to_string(),
+            "--dim",
+            &DIM.to_string(),
+            "--quiet",
+        ])
         .output()
         .map_err(|e| format!("init: {e}"))?;
     if !init.status.success() {
@@ -158,7 +174,11 @@ fn torture(args: &Args, bank: &Path) -> Result<(u32, usize, usize), String> {
         let stored = stored_ids(args, bank)?;
         let missing: Vec<&String> = ledger.difference(&stored).collect();
         if !missing.is_empty() {
-            eprintln!("cycle {cycle}: {} acknowledged ids lost, first {:?}", missing.len(), missing.first());
+            eprintln!(
+                "cycle {cycle}: {} acknowledged ids lost, first {:?}",
+                missing.len(),
+                missing.first()
+            );
             lost += missing.len();
         }
         verify(args, bank).map_err(|e| format!("cycle {cycle}: {e}"))?;
@@ -183,7 +203,11 @@ fn main() -> ExitCode {
     match result {
         Ok((cycles, acked, lost)) => {
             println!("cycles {cycles}, acked {acked}, lost {lost}");
-            if lost == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+            if lost == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
         }
         Err(e) => {
             eprintln!("deltamem-torture: {e}");

@@ -1,0 +1,2 @@
+pub mod crashkit;
+pub mod fuzz_bodies;
