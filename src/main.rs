@@ -148,6 +148,14 @@ enum Command {
         #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u16).range(4..))]
         max_label: u16,
     },
+    /// Embed a text with the configured ONNX model (feature `agent`).
+    Embed(cli::agent::EmbedArgs),
+    /// Search both trees for a task and an environment; print the rendered
+    /// memory context for the prompt (feature `agent`).
+    Retrieve(cli::agent::RetrieveArgs),
+    /// Record a finished episode: extract with the LLM, place the nodes,
+    /// count hits, consolidate (feature `agent`).
+    Record(cli::agent::RecordArgs),
     /// Walk through the agent loop on a scripted run with a toy embedder.
     Demo {
         /// Where to create the demo bank (default: a temporary directory).
@@ -217,6 +225,9 @@ fn run(cli: Cli) -> anyhow::Result<Status> {
             out,
             max_label,
         } => cli::picture::run_draw(&bank, &tree, format, out.as_deref(), usize::from(max_label)),
+        Command::Embed(args) => cli::agent::embed(&args),
+        Command::Retrieve(args) => cli::agent::retrieve(&args),
+        Command::Record(args) => cli::agent::record(&args),
         Command::Demo { dir, keep } => cli::demo::run(dir.as_deref(), keep, quiet),
     }
 }

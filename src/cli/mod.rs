@@ -1,6 +1,7 @@
 //! The commands behind `src/main.rs`, and what they share: opening banks,
 //! naming nodes on the command line, writing JSON lines.
 
+pub mod agent;
 pub mod demo;
 pub mod draw;
 pub mod embed;

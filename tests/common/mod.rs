@@ -1,2 +1,3 @@
 pub mod crashkit;
 pub mod fuzz_bodies;
+pub mod llm_server;

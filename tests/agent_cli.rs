@@ -1,0 +1,114 @@
+//! The agent commands through the real binary: `embed` against the
+//! library's embedder, then `record` against a scripted chat-completions
+//! server on loopback and `retrieve` of what was recorded.
+#![cfg(feature = "agent")]
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::llm_server::{Server, content};
+use deltamem::agent::{Embedder, OnnxEmbedder, TextRole};
+use serde_json::{Value, json};
+
+fn assets_present() -> bool {
+    let present = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("assets/minilm/model.onnx")
+        .exists();
+    if !present && std::env::var_os("DELTAMEM_REQUIRE_ASSETS").is_none() {
+        println!("SKIPPED: assets missing (run tools/setup-agent-assets.sh)");
+    }
+    assert!(
+        present || std::env::var_os("DELTAMEM_REQUIRE_ASSETS").is_none(),
+        "assets required but missing"
+    );
+    present
+}
+
+fn deltamem(args: &[&str], server: Option<&Server>) -> Value {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_deltamem"));
+    cmd.args(args).current_dir(env!("CARGO_MANIFEST_DIR"));
+    if let Some(s) = server {
+        cmd.env("DELTAMEM_LLM_BASE_URL", &s.url)
+            .env("DELTAMEM_LLM_MODEL", "scripted");
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    serde_json::from_str(text.lines().last().unwrap_or("null")).unwrap()
+}
+
+#[test]
+fn embed_prints_the_libraries_vector() {
+    if !assets_present() {
+        return;
+    }
+    let out = deltamem(&["embed", "--text", "boil water in the kitchen"], None);
+    let printed: Vec<f32> = serde_json::from_value(out["vector"].clone()).unwrap();
+    std::env::set_current_dir(env!("CARGO_MANIFEST_DIR")).unwrap();
+    let mut embedder = OnnxEmbedder::from_env().unwrap();
+    let expected = embedder
+        .embed_batch(&["boil water in the kitchen"], TextRole::Query)
+        .unwrap()
+        .remove(0);
+    assert_eq!(out["dim"], 384);
+    assert_eq!(printed, expected);
+}
+
+#[test]
+fn record_then_retrieve_through_the_binary() {
+    if !assets_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bank = dir.path().join("bank");
+    let bank = bank.to_str().unwrap();
+    deltamem(&["init", bank, "--dim", "384"], None);
+    let task_reply = json!({
+        "activation_condition": "the water must be boiled",
+        "execution_procedure": "1. fill the pot\n2. put it on the stove\n3. turn the stove on",
+        "termination_condition": "the water is boiling",
+    });
+    let env_reply = json!({"activation_condition": "in the kitchen", "content": "the stove is left of the sink"});
+    let server = Server::start(vec![content(&task_reply.to_string()), content(&env_reply.to_string())]);
+    let episode = dir.path().join("episode.json");
+    let text = json!({
+        "task_text": "boil water", "env_text": "a kitchen with a stove and a sink",
+        "trajectory": "go to kitchen\nfill pot\nactivate stove", "success": true,
+    });
+    std::fs::write(&episode, text.to_string()).unwrap();
+    let outcome = deltamem(
+        &["record", bank, "--episode", episode.to_str().unwrap(), "--json"],
+        Some(&server),
+    );
+    assert_eq!(server.requests().len(), 2, "one extraction per tree");
+    let task_node = outcome["task"]["node"].as_u64().expect("a task node was written");
+    assert_eq!(
+        (outcome["task"]["action"].as_str(), outcome["env"]["action"].as_str()),
+        (Some("root"), Some("root"))
+    );
+
+    let found = deltamem(
+        &[
+            "retrieve",
+            bank,
+            "--task",
+            "boil water",
+            "--env",
+            "a kitchen with a stove and a sink",
+            "--json",
+        ],
+        None,
+    );
+    assert_eq!(found["task"]["node"].as_u64(), Some(task_node));
+    let context = found["context"].as_str().unwrap();
+    assert!(
+        context.contains("turn the stove on") && context.contains("left of the sink"),
+        "{context}"
+    );
+}
