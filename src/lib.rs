@@ -17,7 +17,7 @@ pub mod tree;
 
 pub use bank::{
     Attach, Bank, BankConfig, BankError, Change, ChangeAck, CompactReport, ConsolidateAck, FreezeReport, HitAck,
-    InsertAck, Match, NewNode, NodeInfo, NodeRef, OpenOptions, Problem, QueryOptions, Stats, SyncPolicy, TreeStats,
+    ImportedState, InsertAck, Match, NewNode, NodeInfo, NodeRef, OpenOptions, Problem, QueryOptions, Stats, SyncPolicy, TreeStats,
     VerifyReport,
 };
 pub use format::manifest::TreeSpec;

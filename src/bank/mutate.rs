@@ -50,9 +50,24 @@ pub struct InsertAck {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Change {
     Insert(NewNode),
+    /// A node brought from elsewhere (another implementation's tree) with
+    /// the counters, flags and creation time it had there.
+    Import(NewNode, ImportedState),
     SuccessHit(u32),
     /// Retrieval counts of a used chain (each distinct node once).
     Retrievals(Vec<u32>),
+}
+
+/// What an imported node had where it came from. A consolidation recorded
+/// there does not say which root a node went into, so the bank's link
+/// stays empty for it (verify accepts that; a link, when set, is mutual).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ImportedState {
+    pub success_hits: u32,
+    pub retrievals: u32,
+    pub consolidated: bool,
+    pub consolidated_root: bool,
+    pub created_unix_ms: Option<u64>,
 }
 
 /// What one change did; acks carry the transaction's LSN.
@@ -183,6 +198,11 @@ impl Bank {
         let (ops, ack, key) = match change {
             Change::Insert(node) => {
                 let (op, ack, key) = self.prepare_insert(node)?;
+                (vec![op], ChangeAck::Inserted(ack), key)
+            }
+            Change::Import(node, state) => {
+                let (mut op, ack, key) = self.prepare_insert(node)?;
+                apply_imported_state(&mut op, state)?;
                 (vec![op], ChangeAck::Inserted(ack), key)
             }
             Change::SuccessHit(index) => {
@@ -457,4 +477,27 @@ impl Bank {
             lsn,
         })
     }
+}
+
+/// Sets an imported node's counters, flags and creation time on its op.
+fn apply_imported_state(op: &mut WalOp, state: &ImportedState) -> Result<(), BankError> {
+    let WalOp::PutNode { row, .. } = op else { unreachable!("prepare_insert builds a PutNode") };
+    if state.consolidated_root && row.node_type != NodeType::Root {
+        return Err(BankError::NotConsolidatable {
+            node: row.index,
+            reason: "only a top-level root can be a consolidated root".into(),
+        });
+    }
+    row.success_hits = state.success_hits;
+    row.retrievals = state.retrievals;
+    if state.consolidated {
+        row.flags |= FLAG_CONSOLIDATED;
+    }
+    if state.consolidated_root {
+        row.flags |= FLAG_CONSOLIDATED_ROOT;
+    }
+    if let Some(ms) = state.created_unix_ms {
+        row.created_unix_ms = ms;
+    }
+    Ok(())
 }

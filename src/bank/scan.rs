@@ -157,7 +157,7 @@ impl Bank {
                 // after this reader opened (see `Bank::row`): not yet in force.
                 if !p.include_consolidated
                     && row[ROW_FLAGS_OFFSET] & FLAG_CONSOLIDATED != 0
-                    && get_u32(row, ROW_LINK_OFFSET) < p.visible_count
+                    && in_force(get_u32(row, ROW_LINK_OFFSET), p.visible_count)
                 {
                     continue;
                 }
@@ -208,4 +208,12 @@ impl Bank {
         }
         Ok(())
     }
+}
+
+/// Whether a consolidated flag is in force for a handle that sees
+/// `visible_count` nodes: always for an imported one (no link), otherwise
+/// only once the root it went into is visible (see `Bank::row`).
+#[inline]
+fn in_force(link: u32, visible_count: u32) -> bool {
+    link == crate::format::NODE_NONE || link < visible_count
 }

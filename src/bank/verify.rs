@@ -230,8 +230,10 @@ impl Bank {
                 row.index, row.depth, self.manifest.max_depth
             ));
         }
-        if row.is_consolidated() || row.is_consolidated_root() {
-            let other = if row.link == NODE_NONE || row.link >= self.node_count() {
+        // An imported consolidation has no link (the source tree did not
+        // record the partner); a link, when present, must be mutual.
+        if (row.is_consolidated() || row.is_consolidated_root()) && row.link != NODE_NONE {
+            let other = if row.link >= self.node_count() {
                 return bad(format!(
                     "node {}: consolidation link {} is dangling",
                     row.index, row.link

@@ -108,15 +108,11 @@ fn run_reference(args: &ImportArgs, file: &Path, quiet: bool) -> anyhow::Result<
             eprintln!("deltamem: note: {note}");
         }
         eprintln!(
-            "deltamem: {} nodes imported into tree {:?} from {} ({} placeholder root dropped{})",
+            "deltamem: {} nodes imported into tree {:?} from {} ({} placeholder root dropped)",
             report.ids.len(),
             report.tree,
             report.file,
             report.placeholders_dropped,
-            match report.counter_bumps {
-                0 => String::new(),
-                n => format!(", {n} counter bumps replayed"),
-            }
         );
     }
     Ok(Status::Ok)

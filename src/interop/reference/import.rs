@@ -8,7 +8,7 @@ use crate::format::MAX_PAYLOAD_BYTES;
 use crate::format::payload::Payload;
 use crate::format::row::encode_external_id;
 use crate::interop::InteropError;
-use crate::{Attach, Bank, BankError, Change, ChangeAck, NewNode, NodeRef, SyncPolicy};
+use crate::{Attach, Bank, BankError, Change, ChangeAck, ImportedState, NewNode, NodeRef, SyncPolicy};
 
 #[derive(Debug, Clone)]
 pub struct ImportOptions {
@@ -34,9 +34,6 @@ pub struct ImportReport {
     /// Bank index of each imported node, in [`ReferenceTree::nodes`] order.
     pub ids: Vec<u32>,
     pub placeholders_dropped: usize,
-    /// Counter bumps replayed to set `success_hits` and `retrievals`
-    /// (stopgap, see [`import_tree`]).
-    pub counter_bumps: u64,
     pub notes: Vec<String>,
 }
 
@@ -44,12 +41,8 @@ pub struct ImportReport {
 /// compressed payloads we can only estimate (by their plain size).
 const BATCH_BODY_BUDGET_BYTES: usize = 32 * 1024 * 1024;
 
-/// Most ops per batch (a WAL record holds 65535): one per node plus one
-/// per counter bump.
-const BATCH_OPS_BUDGET: u64 = 60_000;
-
-/// Bytes a counter bump takes in the WAL (a row image and its op header).
-const BUMP_BYTES: usize = 160;
+/// Most nodes per batch (a WAL record holds 65535 ops, one per node).
+const BATCH_OPS_BUDGET: usize = 60_000;
 
 /// Imports `source` into tree `tree`. Everything that can be checked
 /// without writing is checked first (dimensions, depths, ids, payload
@@ -58,13 +51,9 @@ const BUMP_BYTES: usize = 160;
 /// their counters in the same record; a file of at most `max_batch_nodes`
 /// nodes (all real reference files) is one atomic write.
 ///
-/// STOPGAP (needs a bank API; see the interop report): `NewNode` cannot
-/// carry counters, flags or a creation time. Until it can, `success_hits`
-/// and `retrievals` are set by replaying bumps (`Change::SuccessHit` and
-/// `Change::Retrievals`, one op per bump, inside the batch's record), and
-/// `created_at`, `is_consolidated` and `is_consolidated_root` are kept in
-/// the `reference_meta` field only: export restores them, but the bank's
-/// own flags stay unset (scans still match such nodes).
+/// Each node carries its counters, flags and creation time
+/// ([`Change::Import`]), so a batch is one atomic write and a node that was
+/// consolidated in the source tree is not matched by scans here either.
 pub fn import_tree(
     bank: &mut Bank,
     tree: &str,
@@ -85,14 +74,16 @@ pub fn import_tree(
         }
     }
     let base = bank.node_count();
-    let (total, mut ids, mut counter_bumps) = (source.nodes.len() as u64, Vec::new(), 0);
+    let (total, mut ids) = (source.nodes.len() as u64, Vec::new());
     let mut start = 0;
     while start < source.nodes.len() {
-        let end = batch_end(bank, source, &payloads, start, options.max_batch_nodes);
-        let inserts = (start..end).map(|k| Change::Insert(new_node(tree, base, &source.nodes[k], payloads[k].clone())));
-        let bumps = counter_changes(&source.nodes[start..end], base + start as u32);
-        counter_bumps += bumps.iter().map(Change::op_estimate).sum::<u64>();
-        let changes: Vec<Change> = inserts.chain(bumps).collect();
+        let end = batch_end(bank, &payloads, start, options.max_batch_nodes);
+        let changes: Vec<Change> = (start..end)
+            .map(|k| {
+                let node = &source.nodes[k];
+                Change::Import(new_node(tree, base, node, payloads[k].clone()), imported_state(node))
+            })
+            .collect();
         let acks = bank
             .transact(&changes, options.sync)
             .map_err(|e| refused(source, start, end, e))?;
@@ -112,7 +103,6 @@ pub fn import_tree(
         tree: tree.to_string(),
         ids,
         placeholders_dropped: source.placeholder_ids.len(),
-        counter_bumps,
         notes,
     })
 }
@@ -135,17 +125,14 @@ fn check_placed(source: &ReferenceTree, k: usize, base: u32, ack: &crate::bank::
     Err(node_error(source, node, detail))
 }
 
-/// Ops one change writes (`Retrievals` writes one per node).
-trait OpEstimate {
-    fn op_estimate(&self) -> u64;
-}
-
-impl OpEstimate for Change {
-    fn op_estimate(&self) -> u64 {
-        match self {
-            Change::Retrievals(ids) => ids.len() as u64,
-            _ => 1,
-        }
+/// What the row takes over from the file.
+fn imported_state(node: &ReferenceNode) -> ImportedState {
+    ImportedState {
+        success_hits: node.success_hits,
+        retrievals: node.retrievals,
+        consolidated: node.consolidated,
+        consolidated_root: node.consolidated_root,
+        created_unix_ms: node.created_unix_ms,
     }
 }
 
@@ -243,28 +230,10 @@ fn check(bank: &Bank, tree: &str, source: &ReferenceTree) -> Result<Vec<String>,
     Ok(notes)
 }
 
-/// Seconds as the reference writes them: an integer when whole.
-fn seconds_value(unix_ms: u64) -> Value {
-    if unix_ms.is_multiple_of(1000) {
-        Value::from(unix_ms / 1000)
-    } else {
-        Value::from(unix_ms as f64 / 1000.0)
-    }
-}
 
 /// The payload as stored: the file's fields plus `reference_meta`.
 fn stored_payload(node: &ReferenceNode) -> Payload {
-    let mut meta: serde_json::Map<String, Value> = node.extra_meta.clone().into_iter().collect();
-    // STOPGAP: the row cannot take these at insert yet (see import_tree).
-    if let Some(ms) = node.created_unix_ms {
-        meta.insert("created_at".into(), seconds_value(ms));
-    }
-    if node.consolidated {
-        meta.insert("is_consolidated".into(), Value::Bool(true));
-    }
-    if node.consolidated_root {
-        meta.insert("is_consolidated_root".into(), Value::Bool(true));
-    }
+    let meta: serde_json::Map<String, Value> = node.extra_meta.clone().into_iter().collect();
     let mut payload = node.payload.clone();
     if !meta.is_empty() {
         payload
@@ -291,46 +260,20 @@ fn new_node(tree: &str, base: u32, node: &ReferenceNode, payload: Payload) -> Ne
     }
 }
 
-/// End of the batch starting at `start`: at most `max_nodes` nodes, about
-/// `BATCH_BODY_BUDGET_BYTES` of body and `BATCH_OPS_BUDGET` ops (a node
-/// whose counters alone exceed that goes alone, and the bank refuses it).
-fn batch_end(bank: &Bank, source: &ReferenceTree, payloads: &[Payload], start: usize, max_nodes: usize) -> usize {
+/// End of the batch starting at `start`: at most `max_nodes` nodes (and
+/// the ops a WAL record holds), about `BATCH_BODY_BUDGET_BYTES` of body.
+fn batch_end(bank: &Bank, payloads: &[Payload], start: usize, max_nodes: usize) -> usize {
     let vector_bytes = bank.dim_count() as usize * 4 + 256;
-    let (mut bytes_left, mut ops_left) = (BATCH_BODY_BUDGET_BYTES, BATCH_OPS_BUDGET);
+    let mut bytes_left = BATCH_BODY_BUDGET_BYTES;
     let mut end = start;
-    while end < payloads.len() && end - start < max_nodes.max(1) {
-        let node = &source.nodes[end];
-        let bumps = u64::from(node.success_hits) + u64::from(node.retrievals);
-        let ops = 1 + bumps;
-        let bytes = vector_bytes + payloads[end].size_bytes() + bumps as usize * BUMP_BYTES;
-        if end > start && (bytes > bytes_left || ops > ops_left) {
+    while end < payloads.len() && end - start < max_nodes.clamp(1, BATCH_OPS_BUDGET) {
+        let bytes = vector_bytes + payloads[end].size_bytes();
+        if end > start && bytes > bytes_left {
             break;
         }
         bytes_left = bytes_left.saturating_sub(bytes);
-        ops_left = ops_left.saturating_sub(ops);
         end += 1;
     }
     end
 }
 
-/// STOPGAP: the bumps that set the counters of `nodes` (stored from index
-/// `first_id` on): success hits one by one, retrievals in rounds (a round
-/// bumps every node that still needs one).
-fn counter_changes(nodes: &[ReferenceNode], first_id: u32) -> Vec<Change> {
-    let mut changes = Vec::new();
-    for (k, node) in nodes.iter().enumerate() {
-        let id = first_id + k as u32;
-        changes.extend((0..node.success_hits).map(|_| Change::SuccessHit(id)));
-    }
-    let rounds = nodes.iter().map(|n| n.retrievals).max().unwrap_or(0);
-    for round in 0..rounds {
-        let due = nodes
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| n.retrievals > round)
-            .map(|(k, _)| first_id + k as u32)
-            .collect();
-        changes.push(Change::Retrievals(due));
-    }
-    changes
-}

@@ -13,8 +13,8 @@
 //! | `meta.hit_count` | `retrievals` |
 //! | `meta.success_count` | `success_hits` |
 //! | `meta.usage_count` | seeds `retrievals` when `hit_count` is absent (legacy files, where it was the retrieval counter); kept verbatim in `reference_meta` when it differs from `retrievals` (export writes `retrievals` otherwise) |
-//! | `meta.is_consolidated`, `meta.is_consolidated_root` | row flags (stopgap: `reference_meta`, see [`import_tree`]) |
-//! | `meta.created_at` (seconds) | creation time (stopgap: `reference_meta`) |
+//! | `meta.is_consolidated`, `meta.is_consolidated_root` | row flags (no link: the file does not say which root) |
+//! | `meta.created_at` (seconds) | creation time (kept to the millisecond) |
 //! | `meta.episode_idx` (unless null), unknown meta keys | payload field `reference_meta` (JSON object text) |
 //! | `payload.scenario_description` | payload scenario |
 //! | `payload.activation_condition` (legacy `memory_description`) | field `activation_condition` |
