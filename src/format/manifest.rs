@@ -233,6 +233,10 @@ fn decode_trees(b: &[u8]) -> Result<Vec<TreeSpec>, FormatError> {
             detail: format!("tree count {count} > {MAX_TREES}"),
         });
     }
+    // Slots past tree_count must be empty: an entry there under a valid
+    // CRC is a layout this build does not know (found by fuzzing).
+    let unused = MAN_TREES_OFFSET + count * TREE_ENTRY_SIZE_BYTES..MAN_TREES_OFFSET + MAX_TREES * TREE_ENTRY_SIZE_BYTES;
+    check_zero(WHAT, b, unused)?;
     let mut trees = Vec::with_capacity(count);
     for i in 0..count {
         let at = MAN_TREES_OFFSET + i * TREE_ENTRY_SIZE_BYTES;
@@ -309,6 +313,17 @@ mod tests {
                 assert!(Manifest::decode(&b).is_err(), "flip at byte {byte} bit {bit} accepted");
             }
         }
+    }
+
+    #[test]
+    fn a_tree_entry_past_tree_count_is_refused() {
+        let mut b = sample().encode();
+        let slot = MAN_TREES_OFFSET + 2 * TREE_ENTRY_SIZE_BYTES;
+        b[slot..slot + 3].copy_from_slice(b"xyz");
+        let crc = crc32(&b[..MAN_CRC_OFFSET]);
+        put_u32(&mut b, MAN_CRC_OFFSET, crc);
+        let err = Manifest::decode(&b).unwrap_err();
+        assert!(matches!(err, FormatError::Invalid { offset_bytes, .. } if offset_bytes == slot as u64), "{err}");
     }
 
     #[test]
