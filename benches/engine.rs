@@ -1,108 +1,123 @@
-//! Engine benchmarks: scan against an in-heap peer over the same vectors,
-//! insert throughput per sync policy, open time. Run with
-//! `cargo bench --bench engine`; quote medians and ratios, not single runs.
+//! Engine benchmarks (criterion). Run all with `cargo bench --bench engine`,
+//! or a group with e.g. `cargo bench --bench engine -- scan_precision`.
+//! Quote medians and ratios from quiet machines, not single runs.
+//!
+//! Groups: `scan_size` (f32 scan of 10k, 100k, 1M rows at dim 768),
+//! `scan_precision` (f32, f16, int8 + exact re-rank at 100k and 1M),
+//! `scan_threads` (1 vs 2 threads), `scan_batch` (8 queries one by one vs
+//! one `query_batch` pass), `insert` (per sync policy), `open` (read-only
+//! open of a 1M bank), `recovery` (writer open replaying a WAL of 100k
+//! un-checkpointed records). Banks are built once and cached under
+//! target/bench-banks/ (see benches/support): the first run of the 1M
+//! groups takes a few minutes and ~10 GB of disk.
 
-use std::collections::BTreeMap;
+mod support;
+
 use std::hint::black_box;
+use std::time::Duration;
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use deltamem::{Attach, Bank, BankConfig, Label, NewNode, OpenOptions, Payload, QueryOptions, SyncPolicy};
+use criterion::{BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
+use deltamem::format::manifest::Precision;
+use deltamem::{Bank, BankConfig, NewNode, OpenOptions, QueryOptions, SyncPolicy};
+use support::{DIM, Rng, bank_dir, node, open_read_only, queries, recovery_dir};
 
-const DIM: u32 = 768;
+const K: usize = 10;
 
-/// xorshift64*: deterministic vectors without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next_f32(&mut self) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        ((self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-    }
-
-    fn vector(&mut self) -> Vec<f32> {
-        let v: Vec<f32> = (0..DIM).map(|_| self.next_f32()).collect();
-        let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-        v.into_iter().map(|x| x / n).collect()
+fn options() -> QueryOptions {
+    QueryOptions {
+        k: K,
+        tau: Some(-1.0),
+        ..QueryOptions::default()
     }
 }
 
-fn node(rng: &mut Rng, i: usize) -> NewNode {
-    let mut fields = BTreeMap::new();
-    fields.insert(
-        "execution_procedure".into(),
-        format!("step one for {i}; step two; check the result"),
-    );
-    NewNode {
-        tree: if i % 2 == 0 { "task" } else { "env" }.into(),
-        attach: Attach::Root,
-        label: if i % 7 == 0 { Label::Failure } else { Label::Success },
-        payload: Payload {
-            scenario: format!("scenario {i}"),
-            fields,
-        },
-        embedding: rng.vector(),
-        external_id: None,
-    }
+/// Long-running iterations: few samples, one iteration each.
+fn slow<M: criterion::measurement::Measurement>(group: &mut BenchmarkGroup<'_, M>) {
+    group.sample_size(10);
+    group.sampling_mode(SamplingMode::Flat);
+    group.warm_up_time(Duration::from_secs(2));
+    group.measurement_time(Duration::from_secs(8));
 }
 
-fn build(dir: &std::path::Path, rows: usize) -> Vec<f32> {
-    let mut bank = Bank::create_dir(dir, BankConfig::new(DIM)).unwrap();
-    bank.set_sync_policy(SyncPolicy::None);
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    let mut heap = Vec::with_capacity(rows * DIM as usize);
-    for i in 0..rows {
-        let n = node(&mut rng, i);
-        heap.extend_from_slice(&n.embedding);
-        bank.insert(n).unwrap();
-    }
-    bank.close().unwrap();
-    heap
+/// Benchmarks one query per iteration (cycling through 16 queries) on a
+/// cached bank; `threads` scan threads. The bank is opened inside the
+/// closure, so filtered-out benchmarks never build or map their bank.
+fn bench_query<M: criterion::measurement::Measurement>(
+    group: &mut BenchmarkGroup<'_, M>,
+    id: BenchmarkId,
+    rows: usize,
+    precision: Precision,
+    threads: usize,
+) {
+    group.bench_function(id, |b| {
+        let mut bank = open_read_only(&bank_dir(rows, precision));
+        bank.set_query_threads(threads);
+        let qs = queries(16);
+        bank.query("all", &qs[0], &options()).unwrap(); // first map: checks
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % qs.len();
+            black_box(bank.query("all", &qs[i], &options()).unwrap())
+        })
+    });
 }
 
-/// The peer: the same dot product over a plain heap matrix, no filters.
-fn heap_scan(heap: &[f32], q: &[f32]) -> (usize, f32) {
-    let mut best = (0, f32::MIN);
-    for (i, row) in heap.chunks_exact(DIM as usize).enumerate() {
-        let s = deltamem::bank::dot(q, row);
-        if s > best.1 {
-            best = (i, s);
+fn scan_size(c: &mut Criterion) {
+    let mut group = c.benchmark_group("scan_size");
+    slow(&mut group);
+    for rows in [10_000usize, 100_000, 1_000_000] {
+        group.throughput(Throughput::Bytes(rows as u64 * u64::from(DIM) * 4));
+        bench_query(&mut group, BenchmarkId::new("f32", rows), rows, Precision::F32, 1);
+    }
+    group.finish();
+}
+
+fn scan_precision(c: &mut Criterion) {
+    let mut group = c.benchmark_group("scan_precision");
+    slow(&mut group);
+    for rows in [100_000usize, 1_000_000] {
+        group.throughput(Throughput::Elements(rows as u64));
+        for precision in [Precision::F32, Precision::F16, Precision::Int8] {
+            let id = BenchmarkId::new(precision.as_str(), rows);
+            bench_query(&mut group, id, rows, precision, 1);
         }
     }
-    best
+    group.finish();
 }
 
-fn scan(c: &mut Criterion) {
-    let mut group = c.benchmark_group("scan_f32_768");
-    group.sample_size(20);
-    for rows in [10_000usize, 100_000] {
-        let dir = tempfile::tempdir().unwrap();
-        let heap = build(dir.path(), rows);
-        let bank = Bank::open_dir(
-            dir.path(),
-            OpenOptions {
-                read_only: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let q = Rng(42).vector();
-        let opts = QueryOptions {
-            k: 10,
-            tau: Some(-1.0),
-            ..Default::default()
-        };
-        group.throughput(Throughput::Bytes((rows * DIM as usize * 4) as u64));
-        // Both trees share the column; query both so every row is scored.
-        group.bench_with_input(BenchmarkId::new("deltamem_mmap_both_trees", rows), &rows, |b, _| {
+fn scan_threads(c: &mut Criterion) {
+    let mut group = c.benchmark_group("scan_threads");
+    slow(&mut group);
+    group.throughput(Throughput::Elements(1_000_000));
+    for precision in [Precision::F32, Precision::Int8] {
+        for threads in [1, 2] {
+            let id = BenchmarkId::new(format!("{}_1m", precision.as_str()), format!("{threads}_threads"));
+            bench_query(&mut group, id, 1_000_000, precision, threads);
+        }
+    }
+    group.finish();
+}
+
+fn scan_batch(c: &mut Criterion) {
+    let mut group = c.benchmark_group("scan_batch");
+    slow(&mut group);
+    let qs = queries(8);
+    group.throughput(Throughput::Elements(qs.len() as u64));
+    for precision in [Precision::F32, Precision::F16, Precision::Int8] {
+        let name = format!("{}_1m", precision.as_str());
+        group.bench_function(BenchmarkId::new(name.clone(), "8_one_by_one"), |b| {
+            let bank = open_read_only(&bank_dir(1_000_000, precision));
+            bank.query("all", &qs[0], &options()).unwrap();
             b.iter(|| {
-                black_box(bank.query("task", &q, &opts).unwrap());
-                black_box(bank.query("env", &q, &opts).unwrap());
+                for q in &qs {
+                    black_box(bank.query("all", q, &options()).unwrap());
+                }
             })
         });
-        group.bench_with_input(BenchmarkId::new("heap_peer", rows), &rows, |b, _| {
-            b.iter(|| black_box(heap_scan(&heap, &q)))
+        group.bench_function(BenchmarkId::new(name, "8_in_one_pass"), |b| {
+            let bank = open_read_only(&bank_dir(1_000_000, precision));
+            bank.query("all", &qs[0], &options()).unwrap();
+            b.iter(|| black_box(bank.query_batch("all", &qs, &options()).unwrap()))
         });
     }
     group.finish();
@@ -132,7 +147,9 @@ fn insert(c: &mut Criterion) {
                     let mut bank = Bank::create_dir(dir.path(), BankConfig::new(DIM)).unwrap();
                     bank.set_sync_policy(policy);
                     let mut rng = Rng(7);
-                    let nodes: Vec<NewNode> = (0..count).map(|i| node(&mut rng, i)).collect();
+                    let nodes: Vec<NewNode> = (0..count)
+                        .map(|i| node(&mut rng, i, if i % 2 == 0 { "task" } else { "env" }))
+                        .collect();
                     (dir, bank, nodes)
                 },
                 |(dir, mut bank, nodes)| {
@@ -150,23 +167,42 @@ fn insert(c: &mut Criterion) {
 }
 
 fn open(c: &mut Criterion) {
-    let dir = tempfile::tempdir().unwrap();
-    build(dir.path(), 20_000);
-    c.bench_function("open_read_only_20k", |b| {
-        b.iter(|| {
-            black_box(
-                Bank::open_dir(
-                    dir.path(),
-                    OpenOptions {
-                        read_only: true,
-                        ..Default::default()
-                    },
-                )
-                .unwrap(),
-            )
-        })
+    let mut group = c.benchmark_group("open");
+    group.bench_function("read_only_1m", |b| {
+        let dir = bank_dir(1_000_000, Precision::F32);
+        b.iter(|| black_box(open_read_only(&dir)))
     });
+    group.finish();
 }
 
-criterion_group!(benches, scan, insert, open);
+fn recovery(c: &mut Criterion) {
+    let mut group = c.benchmark_group("recovery");
+    slow(&mut group);
+    group.throughput(Throughput::Elements(100_000));
+    group.bench_function("writer_open_100k_wal_records", |b| {
+        let dir = recovery_dir(100_000);
+        let options = OpenOptions {
+            checkpoint_wal_bytes: u64::MAX,
+            ..OpenOptions::default()
+        };
+        b.iter(|| {
+            // Dropped without close: the WAL stays as it is for the next.
+            let bank = Bank::open_dir(&dir, options.clone()).unwrap();
+            assert_eq!(bank.node_count(), 100_000);
+            black_box(bank)
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    scan_size,
+    scan_precision,
+    scan_threads,
+    scan_batch,
+    insert,
+    open,
+    recovery
+);
 criterion_main!(benches);

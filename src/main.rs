@@ -45,6 +45,10 @@ enum Command {
         /// Rows per segment file (default: about 64 MiB of vectors).
         #[arg(long)]
         rows_per_segment: Option<u32>,
+        /// How vectors are stored: f32, f16 (half the size), or int8
+        /// (f32 plus an int8 side column for a faster exact scan).
+        #[arg(long, value_enum, default_value_t = cli::init::PrecisionArg::F32)]
+        precision: cli::init::PrecisionArg,
     },
     /// Add nodes: one JSON object per stdin line, one acknowledgement each.
     Insert {
@@ -177,6 +181,7 @@ fn run(cli: Cli) -> anyhow::Result<Status> {
             max_depth,
             consolidate_after,
             rows_per_segment,
+            precision,
         } => cli::init::run(
             &bank,
             cli::init::InitArgs {
@@ -186,6 +191,7 @@ fn run(cli: Cli) -> anyhow::Result<Status> {
                 max_depth,
                 consolidate_after,
                 rows_per_segment,
+                precision,
             },
         ),
         Command::Insert { bank, sync } => cli::insert::run(&bank, sync, quiet),

@@ -97,6 +97,7 @@ fn new_bank(dir: &Path) {
         max_depth: 3,
         consolidate_after: 2,
         rows_per_segment: None,
+        ..BankConfig::new(DIM as u32)
     };
     Bank::create_dir(dir, config).unwrap().close().unwrap();
 }

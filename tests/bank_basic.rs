@@ -636,13 +636,31 @@ fn imported_state_sets_counters_and_a_linkless_consolidation() {
     let dir = tempfile::tempdir().unwrap();
     let mut bank = Bank::create_dir(dir.path(), config(4)).unwrap();
     let root = node("task", Attach::Root, Label::Success, "r", unit(4, 0));
-    let state = ImportedState { success_hits: 4, retrievals: 9, created_unix_ms: Some(1_773_056_512_000), ..Default::default() };
-    let mut child = node("task", Attach::Parent(NodeRef::Index(0)), Label::Success, "c", vec![1.0, 0.1, 0.0, 0.0]);
+    let state = ImportedState {
+        success_hits: 4,
+        retrievals: 9,
+        created_unix_ms: Some(1_773_056_512_000),
+        ..Default::default()
+    };
+    let mut child = node(
+        "task",
+        Attach::Parent(NodeRef::Index(0)),
+        Label::Success,
+        "c",
+        vec![1.0, 0.1, 0.0, 0.0],
+    );
     child.external_id = Some("child".into());
-    let gone = ImportedState { consolidated: true, ..Default::default() };
-    bank.transact(&[Change::Import(root, state), Change::Import(child, gone)], None).unwrap();
+    let gone = ImportedState {
+        consolidated: true,
+        ..Default::default()
+    };
+    bank.transact(&[Change::Import(root, state), Change::Import(child, gone)], None)
+        .unwrap();
     let row = bank.row(0).unwrap();
-    assert_eq!((row.success_hits, row.retrievals, row.created_unix_ms), (4, 9, 1_773_056_512_000));
+    assert_eq!(
+        (row.success_hits, row.retrievals, row.created_unix_ms),
+        (4, 9, 1_773_056_512_000)
+    );
     assert!(bank.row(1).unwrap().is_consolidated() && bank.row(1).unwrap().link().is_none());
     // An imported consolidation is in force: the node is not matched, before
     // and after a checkpoint, and verify accepts the missing link.
@@ -650,13 +668,38 @@ fn imported_state_sets_counters_and_a_linkless_consolidation() {
         if checkpoint {
             bank.checkpoint().unwrap();
         }
-        let q = bank.query("task", &[1.0, 0.1, 0.0, 0.0], &QueryOptions { k: 5, ..Default::default() }).unwrap();
-        assert_eq!(q.iter().map(|m| m.id).collect::<Vec<_>>(), vec![0], "checkpoint {checkpoint}");
+        let q = bank
+            .query(
+                "task",
+                &[1.0, 0.1, 0.0, 0.0],
+                &QueryOptions {
+                    k: 5,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            q.iter().map(|m| m.id).collect::<Vec<_>>(),
+            vec![0],
+            "checkpoint {checkpoint}"
+        );
         assert!(bank.verify().unwrap().is_ok());
     }
-    assert!(bank.due_for_consolidation(None).unwrap().is_empty(), "a root is never due; a consolidated node neither");
+    assert!(
+        bank.due_for_consolidation(None).unwrap().is_empty(),
+        "a root is never due; a consolidated node neither"
+    );
     // Only a top-level root can be a consolidated root.
-    let bad = ImportedState { consolidated_root: true, ..Default::default() };
-    let under = node("task", Attach::Parent(NodeRef::Index(0)), Label::Success, "x", unit(4, 1));
+    let bad = ImportedState {
+        consolidated_root: true,
+        ..Default::default()
+    };
+    let under = node(
+        "task",
+        Attach::Parent(NodeRef::Index(0)),
+        Label::Success,
+        "x",
+        unit(4, 1),
+    );
     assert!(bank.transact(&[Change::Import(under, bad)], None).is_err());
 }

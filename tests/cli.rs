@@ -555,3 +555,35 @@ fn usage_errors_exit_2() {
     assert_eq!(missing.code, 1);
     assert!(missing.stderr.starts_with("deltamem: "), "{}", missing.stderr);
 }
+
+#[test]
+fn every_precision_answers_like_f32() {
+    let vectors: [[f32; 4]; 4] = [
+        [1.0, 0.1, 0.0, 0.0],
+        [0.9, 0.3, 0.1, 0.0],
+        [0.0, 1.0, 0.2, 0.0],
+        [0.5, 0.5, 0.5, 0.5],
+    ];
+    let lines: Vec<String> = vectors
+        .iter()
+        .enumerate()
+        .map(|(i, v)| task(json!("root"), &format!("s{i}"), v))
+        .collect();
+    let query = json!({"tree": "task", "embedding": [1.0, 0.2, 0.05, 0.0], "k": 4, "tau": -1.0}).to_string();
+    let mut answers = Vec::new();
+    // Bytes per node at dim 4: one 64-byte row; int8 adds its side column.
+    for (precision, row_bytes) in [("f32", 64.0), ("f16", 64.0), ("int8", 128.0)] {
+        let (_dir, path) = bank(&["--precision", precision]);
+        insert(&path, &lines);
+        let out = ok(&["query", s(&path)], &query);
+        answers.push(ids(&serde_json::from_str::<Value>(out.stdout.trim()).unwrap()));
+        ok(&["verify", s(&path)], "");
+        let stats: Value = serde_json::from_str(ok(&["stats", s(&path), "--json"], "").stdout.trim()).unwrap();
+        let vector_bytes = stats["bytes_per_node"]["vectors"].as_f64().unwrap();
+        assert_eq!(vector_bytes, row_bytes, "{precision}");
+    }
+    // The ranking is clear-cut here (gaps far above the f16 bound).
+    assert_eq!(answers[0], vec![0, 1, 3, 2]);
+    assert_eq!(answers[1], answers[0]);
+    assert_eq!(answers[2], answers[0]);
+}

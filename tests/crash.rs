@@ -18,72 +18,83 @@ use common::crashkit::*;
 use deltamem::SyncPolicy;
 use deltamem::storage::{FaultKind, FaultPlan, Loss, SimStorage};
 
-#[test]
-fn every_crash_point_recovers_to_an_acknowledged_prefix() {
-    let seeds: u64 = std::env::var("DELTAMEM_CRASH_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(48);
+/// Crash points, recoveries checked, compound crash points and poisoned-bank
+/// checks of one seeded workload.
+fn crash_seed(seed: u64) -> [u64; 4] {
     let (mut points, mut variants, mut compounds, mut poison_checks) = (0u64, 0u64, 0u64, 0u64);
-    for seed in 0..seeds {
-        let ledger = ledger(seed);
-        let policy = if seed % 4 == 3 {
-            SyncPolicy::Batch {
-                records: 3,
-                interval_ms: u64::MAX,
-            }
-        } else {
-            SyncPolicy::Always
-        };
-        for k in 0..ledger.io_ops {
-            points += 1;
-            let storage = SimStorage::new();
-            storage.set_plan(Some(FaultPlan {
-                at_op: k,
-                kind: FaultKind::Crash,
-            }));
-            let out = drive(&storage, &ledger.ops, policy);
-            for loss in [
-                Loss::KeepAll,
-                Loss::LoseUnsynced,
-                Loss::TornLast { seed: k },
-                Loss::Subset { seed: k ^ seed },
-            ] {
-                variants += 1;
-                check_recovery(
-                    &ledger,
-                    &storage.crash_image(loss),
-                    &out,
-                    &format!("seed {seed} crash at op {k} {loss:?}"),
-                );
-            }
-            if k % 16 == 0 {
-                compounds += compound(
-                    &ledger,
-                    &storage.crash_image(Loss::KeepAll),
-                    &out,
-                    &format!("seed {seed} k {k}"),
-                );
-            }
+    let ledger = ledger(seed);
+    let policy = if seed % 4 == 3 {
+        SyncPolicy::Batch {
+            records: 3,
+            interval_ms: u64::MAX,
+        }
+    } else {
+        SyncPolicy::Always
+    };
+    for k in 0..ledger.io_ops {
+        points += 1;
+        let storage = SimStorage::new();
+        storage.set_plan(Some(FaultPlan {
+            at_op: k,
+            kind: FaultKind::Crash,
+        }));
+        let out = drive(&storage, &ledger.ops, policy);
+        for loss in [
+            Loss::KeepAll,
+            Loss::LoseUnsynced,
+            Loss::TornLast { seed: k },
+            Loss::Subset { seed: k ^ seed },
+        ] {
+            variants += 1;
+            check_recovery(
+                &ledger,
+                &storage.crash_image(loss),
+                &out,
+                &format!("seed {seed} crash at op {k} {loss:?}"),
+            );
+        }
+        if k % 16 == 0 {
+            compounds += compound(
+                &ledger,
+                &storage.crash_image(Loss::KeepAll),
+                &out,
+                &format!("seed {seed} k {k}"),
+            );
+        }
 
-            let storage = SimStorage::new();
-            storage.set_plan(Some(FaultPlan {
-                at_op: k,
-                kind: FaultKind::Fail,
-            }));
-            let out = drive(&storage, &ledger.ops, policy);
-            poison_checks += u64::from(out.poison_checked);
-            for loss in [Loss::KeepAll, Loss::LoseUnsynced] {
-                variants += 1;
-                check_recovery(
-                    &ledger,
-                    &storage.crash_image(loss),
-                    &out,
-                    &format!("seed {seed} EIO at op {k} {loss:?}"),
-                );
-            }
+        let storage = SimStorage::new();
+        storage.set_plan(Some(FaultPlan {
+            at_op: k,
+            kind: FaultKind::Fail,
+        }));
+        let out = drive(&storage, &ledger.ops, policy);
+        poison_checks += u64::from(out.poison_checked);
+        for loss in [Loss::KeepAll, Loss::LoseUnsynced] {
+            variants += 1;
+            check_recovery(
+                &ledger,
+                &storage.crash_image(loss),
+                &out,
+                &format!("seed {seed} EIO at op {k} {loss:?}"),
+            );
         }
     }
+    [points, variants, compounds, poison_checks]
+}
+
+fn env_seeds(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+#[test]
+fn every_crash_point_recovers_to_an_acknowledged_prefix() {
+    let seeds = env_seeds("DELTAMEM_CRASH_SEEDS", 48);
+    let mut total = [0u64; 4];
+    for seed in 0..seeds {
+        let counts = crash_seed(seed);
+        total.iter_mut().zip(counts).for_each(|(t, c)| *t += c);
+    }
+    let [points, variants, compounds, poison_checks] = total;
     println!(
         "crash points {points}, recoveries checked {variants}, compound crash points {compounds}, poisoned-bank checks {poison_checks}"
     );
@@ -91,4 +102,22 @@ fn every_crash_point_recovers_to_an_acknowledged_prefix() {
         seeds < 48 || points >= 10_000,
         "CI-sized run must cover at least 10,000 crash points, got {points}"
     );
+}
+
+/// The same enumeration on f16 banks (the f16 column of record) and int8
+/// banks (the derived side column written beside the f32 one), fewer seeds.
+/// `DELTAMEM_CRASH_PRECISION_SEEDS` sets the number (default 8).
+#[test]
+fn reduced_precision_banks_recover_at_every_crash_point() {
+    use deltamem::format::manifest::Precision;
+    let seeds = env_seeds("DELTAMEM_CRASH_PRECISION_SEEDS", 8);
+    let mut points = 0;
+    for seed in 0..seeds {
+        let precision = if seed % 2 == 0 { Precision::Int8 } else { Precision::F16 };
+        PRECISION.with(|p| p.set(precision));
+        // Offset seeds: other workloads than the f32 run's.
+        points += crash_seed(1000 + seed)[0];
+    }
+    println!("reduced precision: crash points {points}");
+    assert!(seeds == 0 || points > 0);
 }

@@ -157,6 +157,7 @@ fn offset_constants() -> Vec<(&'static str, &'static str, &'static str, usize)> 
         ("Manifest", "eps", manifest::MAN_EPS_OFFSET),
         ("Manifest", "max_depth", manifest::MAN_MAX_DEPTH_OFFSET),
         ("Manifest", "tree_count", manifest::MAN_TREE_COUNT_OFFSET),
+        ("Manifest", "precision", manifest::MAN_PRECISION_OFFSET),
         ("Manifest", "consolidate_after", manifest::MAN_CONSOLIDATE_AFTER_OFFSET),
         ("Manifest", "generation", manifest::MAN_GENERATION_OFFSET),
         ("Manifest", "checkpoint_lsn", manifest::MAN_CHECKPOINT_LSN_OFFSET),

@@ -40,7 +40,7 @@ fn every_seed_of_every_target_replays() {
 
 /// Valid structures, their truncations and single-bit flips.
 fn seeds(target: &str) -> Vec<Vec<u8>> {
-    use deltamem::format::manifest::{Manifest, TreeSpec};
+    use deltamem::format::manifest::{Manifest, Precision, TreeSpec};
     use deltamem::format::payload::{Payload, encode_record};
     use deltamem::format::row::{Label, NodeType, Row};
     use deltamem::format::wal::{WalHeader, WalOp, encode_ops, encode_record as wal_record};
@@ -50,6 +50,7 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
         dim_count: 4,
         row_stride_bytes: 64,
         rows_per_segment: 4,
+        precision: Precision::F32,
         eps: 0.05,
         max_depth: 5,
         consolidate_after: 3,

@@ -103,6 +103,7 @@ fn config() -> BankConfig {
         max_depth: MAX_DEPTH,
         consolidate_after: K_CONS,
         rows_per_segment: Some(4),
+        ..BankConfig::new(DIM as u32)
     }
 }
 

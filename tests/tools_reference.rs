@@ -134,7 +134,11 @@ fn sciworld_fixtures_import_with_every_field_kept() {
             assert_eq!(d["success_hits"], 0);
             assert_eq!(d["consolidated"], false);
             let created_s = n["meta"]["created_at"].as_u64().unwrap();
-            assert_eq!(d["created_unix_ms"].as_u64(), Some(created_s * 1000), "{id}: creation time kept");
+            assert_eq!(
+                d["created_unix_ms"].as_u64(),
+                Some(created_s * 1000),
+                "{id}: creation time kept"
+            );
             // Everything the legacy meta holds has a column now (usage_count
             // equals the retrievals it seeded), so nothing is left over.
             assert!(d["payload"].get("reference_meta").is_none(), "{id}: {}", d["payload"]);

@@ -7,7 +7,6 @@ use super::overlay::Mark;
 use super::{Bank, BankError, SyncPolicy};
 use crate::format::payload::check_record;
 use crate::format::row::{NodeType, Row};
-use crate::format::vector_crc32;
 use crate::format::wal::{MAX_RECORD_BODY_BYTES, WalOp, encode_ops};
 
 impl Bank {
@@ -57,7 +56,8 @@ impl Bank {
         {
             return bad(format!("node {next}: payload location does not follow the log end"));
         }
-        if vector.len() != self.manifest.dim_count as usize || vector_crc32(vector) != row.vector_crc32 {
+        let stored_crc = self.stored_vector_crc(vector);
+        if vector.len() != self.manifest.dim_count as usize || stored_crc != Some(row.vector_crc32) {
             return bad(format!("node {next}: vector length or checksum mismatch"));
         }
         check_record(payload_record, next).map_err(|e| BankError::Corrupt {

@@ -5,17 +5,39 @@
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::BankError;
-use crate::format::manifest::Manifest;
+use super::kernels::quant::{decode_f16, encode_int8_row};
+use crate::format::crc32;
+use crate::format::manifest::{Manifest, Precision};
 use crate::format::payload::{Payload, decode_record};
 use crate::format::row::{ROW_SIZE_BYTES, Row};
-use crate::format::vector_crc32;
 use crate::storage::{
-    Mapping, OpenMode, Storage, StorageError, StorageFile, payload_file, table_segment_file, vector_segment_file,
+    Mapping, OpenMode, Storage, StorageError, StorageFile, payload_file, qvector_segment_file, table_segment_file,
+    vector_segment_file,
 };
 
 pub(crate) struct SegmentMaps {
     pub table: Mapping,
     pub vectors: Mapping,
+    /// The int8 side column (precision `Int8` only).
+    pub quant: Option<Mapping>,
+    /// What every row of the segment shares, if known (see `Summary`).
+    pub summary: Summary,
+}
+
+/// Facts about all of a segment's rows, taken when it is first mapped for
+/// scanning. A scan of a segment whose rows all belong to the scanned tree
+/// and none of which is consolidated needs no per-row filter, so it reads
+/// a node-table row only for the few rows whose score could make the
+/// top-k (their label). Tree and label never change; a consolidation flag
+/// set later by a writer's checkpoint is one this handle cannot see yet
+/// (its root is past the handle's nodes), so the summary stays true for
+/// the mapping's lifetime.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Summary {
+    /// Some(t) when every row is in tree t and none is flagged consolidated.
+    pub plain_tree: Option<u16>,
+    /// Every row is in tree `t` (consolidated or not).
+    pub single_tree: Option<u16>,
 }
 
 #[derive(Clone, Default)]
@@ -33,7 +55,10 @@ pub(crate) struct Base {
     /// The manifest's generation: which data files to read.
     pub generation: u32,
     pub dim_count: u32,
+    pub precision: Precision,
     pub stride_bytes: u32,
+    /// Row stride of the int8 side column, if the bank has one.
+    pub qstride_bytes: Option<u32>,
     segments: RwLock<Vec<Slot>>,
     payload_file: Mutex<Option<Arc<dyn StorageFile>>>,
     /// Rows torn by a crashed checkpoint whose WAL image replaces them
@@ -71,16 +96,14 @@ impl Base {
             rows_per_segment,
             dim_count,
             generation: manifest.generation,
-            stride_bytes: crate::format::vector_stride_bytes(dim_count),
+            precision: manifest.precision,
+            stride_bytes: manifest.precision.vector_stride_bytes(dim_count),
+            qstride_bytes: manifest.precision.qvector_stride_bytes(dim_count),
             segments: RwLock::new(slots.collect()),
             payload_file: Mutex::new(None),
             superseded: Default::default(),
             retry_torn_rows: false,
         }
-    }
-
-    pub fn segment_count(&self) -> u32 {
-        self.node_count.div_ceil(self.rows_per_segment)
     }
 
     pub fn table_segment_size_bytes(&self) -> u64 {
@@ -89,6 +112,11 @@ impl Base {
 
     pub fn vector_segment_size_bytes(&self) -> u64 {
         u64::from(self.rows_per_segment) * u64::from(self.stride_bytes)
+    }
+
+    pub fn qvector_segment_size_bytes(&self) -> Option<u64> {
+        self.qstride_bytes
+            .map(|q| u64::from(self.rows_per_segment) * u64::from(q))
     }
 
     /// Which segments a checkpoint that grows the bank to `new_count` rows
@@ -113,6 +141,12 @@ impl Base {
         if !self.segments.read().unwrap()[segment as usize].trusted {
             self.check_segment(segment, &maps)?;
         }
+        let maps = Arc::new(SegmentMaps {
+            table: maps.table.clone(),
+            vectors: maps.vectors.clone(),
+            quant: maps.quant.clone(),
+            summary: self.summarise(segment, &maps.table),
+        });
         self.segments.write().unwrap()[segment as usize] = Slot {
             maps: Some(maps.clone()),
             trusted: true,
@@ -126,6 +160,10 @@ impl Base {
         if let Some(Slot { maps: Some(maps), .. }) = self.segments.read().unwrap().get(segment as usize) {
             return Ok(maps.clone());
         }
+        let quant = match self.qvector_segment_size_bytes() {
+            Some(size) => Some(self.map_file(&qvector_segment_file(self.generation, segment), size)?),
+            None => None,
+        };
         Ok(Arc::new(SegmentMaps {
             table: self.map_file(
                 &table_segment_file(self.generation, segment),
@@ -135,17 +173,61 @@ impl Base {
                 &vector_segment_file(self.generation, segment),
                 self.vector_segment_size_bytes(),
             )?,
+            quant,
+            summary: Summary::default(),
         }))
+    }
+
+    fn summarise(&self, segment: u32, table: &[u8]) -> Summary {
+        use crate::format::row::{FLAG_CONSOLIDATED, ROW_FLAGS_OFFSET, ROW_TREE_OFFSET};
+        let rows = (self.node_count - segment * self.rows_per_segment).min(self.rows_per_segment) as usize;
+        let tree_of = |slot: usize| crate::format::get_u16(table, slot * ROW_SIZE_BYTES + ROW_TREE_OFFSET);
+        let first = tree_of(0);
+        let single = (0..rows).all(|slot| tree_of(slot) == first);
+        let flagged = (0..rows).any(|slot| table[slot * ROW_SIZE_BYTES + ROW_FLAGS_OFFSET] & FLAG_CONSOLIDATED != 0);
+        Summary {
+            plain_tree: (single && !flagged).then_some(first),
+            single_tree: single.then_some(first),
+        }
     }
 
     fn check_segment(&self, segment: u32, maps: &SegmentMaps) -> Result<(), BankError> {
         let first = segment * self.rows_per_segment;
         let last = (first + self.rows_per_segment).min(self.node_count);
+        let mut scratch = Vec::new();
         for index in (first..last).filter(|i| !self.superseded.contains(i)) {
             let row = self.decode_row(segment, maps, index)?;
-            self.check_vector(&row, bytemuck::cast_slice(&maps.vectors[self.vector_range(index)]))?;
+            let stored = &maps.vectors[self.vector_range(index)];
+            self.check_vector(&row, stored)?;
+            if let Some(quant) = &maps.quant {
+                let vector: Vec<f32> = bytemuck::pod_collect_to_vec(stored);
+                self.check_qvector(index, &vector, &quant[self.qvector_range(index)], &mut scratch)?;
+            }
         }
         Ok(())
+    }
+
+    /// The int8 side column is derived data: its checksum is equality with
+    /// the row recomputed from the (already checked) f32 vector.
+    pub fn check_qvector(
+        &self,
+        index: u32,
+        vector: &[f32],
+        stored: &[u8],
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), BankError> {
+        scratch.resize(stored.len(), 0);
+        encode_int8_row(vector, scratch);
+        match stored.iter().zip(scratch.iter()).position(|(a, b)| a != b) {
+            None => Ok(()),
+            Some(at) => Err(BankError::Corrupt {
+                file: self
+                    .storage
+                    .describe(&qvector_segment_file(self.generation, index / self.rows_per_segment)),
+                offset_bytes: (self.qvector_range(index).start + at) as u64,
+                detail: format!("int8 row of node {index} differs from its f32 vector at byte {at}"),
+            }),
+        }
     }
 
     fn decode_row(&self, segment: u32, maps: &SegmentMaps, index: u32) -> Result<Row, BankError> {
@@ -203,23 +285,41 @@ impl Base {
         self.decode_row(segment, &*self.segment_unverified(segment)?, index)
     }
 
-    /// Byte range of row `index`'s vector within its vector segment.
+    /// Byte range of row `index`'s stored vector within its vector segment
+    /// (`dim_count` components of the precision's size).
     pub fn vector_range(&self, index: u32) -> std::ops::Range<usize> {
         let start = (index % self.rows_per_segment) as usize * self.stride_bytes as usize;
-        start..start + self.dim_count as usize * 4
+        start..start + (self.dim_count * self.precision.component_bytes()) as usize
     }
 
-    /// Copies row `index`'s vector out, checking it against the row's CRC.
+    /// Byte range of row `index`'s whole int8 row (scale, codes, padding).
+    pub fn qvector_range(&self, index: u32) -> std::ops::Range<usize> {
+        let stride = self.qstride_bytes.unwrap_or(0) as usize;
+        let start = (index % self.rows_per_segment) as usize * stride;
+        start..start + stride
+    }
+
+    /// f32 values of stored vector bytes.
+    pub fn decode_vector(&self, bytes: &[u8]) -> Vec<f32> {
+        match self.precision {
+            Precision::F16 => decode_f16(bytes),
+            Precision::F32 | Precision::Int8 => bytemuck::pod_collect_to_vec(bytes),
+        }
+    }
+
+    /// Copies row `index`'s vector out as f32, checking it against the
+    /// row's CRC.
     pub fn vector(&self, row: &Row) -> Result<Vec<f32>, BankError> {
         let maps = self.segment(row.index / self.rows_per_segment)?;
         let bytes = &maps.vectors[self.vector_range(row.index)];
-        let vector: Vec<f32> = bytemuck::pod_collect_to_vec(bytes);
-        self.check_vector(row, &vector)?;
-        Ok(vector)
+        self.check_vector(row, bytes)?;
+        Ok(self.decode_vector(bytes))
     }
 
-    pub fn check_vector(&self, row: &Row, vector: &[f32]) -> Result<(), BankError> {
-        let computed = vector_crc32(vector);
+    /// Checks stored vector bytes (f32 or f16, as the precision says)
+    /// against the row's `vector_crc32`.
+    pub fn check_vector(&self, row: &Row, stored: &[u8]) -> Result<(), BankError> {
+        let computed = crc32(stored);
         if computed != row.vector_crc32 {
             let segment = row.index / self.rows_per_segment;
             return Err(BankError::Corrupt {

@@ -4,15 +4,16 @@
 use std::sync::Arc;
 
 use super::base::Base;
+use super::kernels::quant::{encode_f16, encode_int8_row};
 use super::overlay::Overlay;
 use super::{Bank, BankError};
-use crate::format::manifest::Manifest;
+use crate::format::manifest::{Manifest, Precision};
 use crate::format::row::{ROW_SIZE_BYTES, Row};
 use crate::format::wal::WalHeader;
 use crate::storage::wal::WalWriter;
 use crate::storage::{
-    MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, StorageError, StorageFile, payload_file, replace_atomically,
-    table_segment_file, vector_segment_file,
+    MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, StorageError, StorageFile, payload_file, qvector_segment_file,
+    replace_atomically, table_segment_file, vector_segment_file,
 };
 
 impl Bank {
@@ -107,6 +108,17 @@ impl Bank {
     }
 }
 
+/// Encodes a vector as the vector segments store it into `out` (one row
+/// stride, zero padded); returns the bytes used.
+pub(crate) fn encode_vector(precision: Precision, vector: &[f32], out: &mut [u8]) -> usize {
+    let used = vector.len() * precision.component_bytes() as usize;
+    match precision {
+        Precision::F16 => encode_f16(vector, &mut out[..used]),
+        Precision::F32 | Precision::Int8 => out[..used].copy_from_slice(bytemuck::cast_slice(vector)),
+    }
+    used
+}
+
 /// Opens (creating at full size when new) and writes segment files.
 struct SegmentWriter<'a> {
     bank: &'a Bank,
@@ -154,14 +166,26 @@ impl<'a> SegmentWriter<'a> {
         Ok(())
     }
 
+    /// Writes a new node's vector in the bank's precision, and its int8
+    /// side-column row when the bank has one.
     fn put_vector(&mut self, index: u32, vector: &[f32]) -> Result<(), BankError> {
         let m = &self.bank.manifest;
+        let (segment, slot) = (index / m.rows_per_segment, u64::from(index % m.rows_per_segment));
+        let mut bytes = vec![0u8; m.row_stride_bytes as usize];
+        let used = encode_vector(m.precision, vector, &mut bytes);
         let size = u64::from(m.rows_per_segment) * u64::from(m.row_stride_bytes);
-        let name = vector_segment_file(m.generation, index / m.rows_per_segment);
-        let file = self.file(name.clone(), size)?;
-        let offset = u64::from(index % m.rows_per_segment) * u64::from(m.row_stride_bytes);
-        file.write_all_at(bytemuck::cast_slice(vector), offset)
+        let name = vector_segment_file(m.generation, segment);
+        self.file(name.clone(), size)?
+            .write_all_at(&bytes[..used], slot * u64::from(m.row_stride_bytes))
             .map_err(StorageError::io("write", self.bank.storage.describe(&name)))?;
+        if let Some(qstride) = m.precision.qvector_stride_bytes(m.dim_count) {
+            let mut row = vec![0u8; qstride as usize];
+            encode_int8_row(vector, &mut row);
+            let name = qvector_segment_file(m.generation, segment);
+            self.file(name.clone(), u64::from(m.rows_per_segment) * u64::from(qstride))?
+                .write_all_at(&row, slot * u64::from(qstride))
+                .map_err(StorageError::io("write", self.bank.storage.describe(&name)))?;
+        }
         Ok(())
     }
 

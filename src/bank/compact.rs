@@ -10,16 +10,18 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
+use super::checkpoint::encode_vector;
+use super::kernels::quant::encode_int8_row;
 use super::open::new_salt;
 use super::{Bank, BankError};
-use crate::format::manifest::{MANIFEST_FLAG_FROZEN, Manifest};
+use crate::format::manifest::{MANIFEST_FLAG_FROZEN, Manifest, Precision};
 use crate::format::payload::check_record;
-use crate::format::row::ROW_SIZE_BYTES;
+use crate::format::row::{ROW_SIZE_BYTES, Row};
 use crate::format::wal::WalHeader;
 use crate::storage::wal::WalWriter;
 use crate::storage::{
     FileStorage, MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, Storage, StorageError, StorageFile, data_file_generation,
-    payload_file, replace_atomically, table_segment_file, vector_segment_file,
+    payload_file, qvector_segment_file, replace_atomically, table_segment_file, vector_segment_file,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -195,27 +197,18 @@ impl Bank {
         for segment in 0..self.node_count().div_ceil(rows_per_segment) {
             let first = segment * rows_per_segment;
             let last = (first + rows_per_segment).min(self.node_count());
-            let stride = self.manifest.row_stride_bytes as usize;
-            let mut table = vec![0u8; (last - first) as usize * ROW_SIZE_BYTES];
-            let mut vectors = vec![0u8; (last - first) as usize * stride];
+            let mut columns = SegmentColumns::new(&self.manifest, (last - first) as usize);
             for index in first..last {
                 let mut row = self.row(index)?;
                 let record = self.payload_record_checked(index)?;
                 row.payload_offset_bytes = out.payload_end_bytes + pending.len() as u64;
                 pending.extend_from_slice(&record);
-                let slot = (index - first) as usize;
-                table[slot * ROW_SIZE_BYTES..(slot + 1) * ROW_SIZE_BYTES].copy_from_slice(&row.encode());
-                let vector = self.vector(index)?;
-                vectors[slot * stride..slot * stride + vector.len() * 4].copy_from_slice(bytemuck::cast_slice(&vector));
+                columns.put((index - first) as usize, &row, &self.vector(index)?);
                 if pending.len() >= PAYLOAD_CHUNK_BYTES {
                     flush(payloads.as_ref(), target, &payload_name, &mut pending, &mut out)?;
                 }
             }
-            let table_size = u64::from(rows_per_segment) * ROW_SIZE_BYTES as u64;
-            let vector_size = u64::from(rows_per_segment) * stride as u64;
-            write_segment(target, &table_segment_file(generation, segment), table_size, &table)?;
-            write_segment(target, &vector_segment_file(generation, segment), vector_size, &vectors)?;
-            out.bytes_written += (table.len() + vectors.len()) as u64;
+            out.bytes_written += columns.write(target, generation, segment)?;
         }
         flush(payloads.as_ref(), target, &payload_name, &mut pending, &mut out)?;
         payloads
@@ -240,6 +233,68 @@ impl Bank {
             detail: e.to_string(),
         })?;
         Ok(record)
+    }
+}
+
+/// One segment's node table, vector column and (int8 banks) side column,
+/// built in memory and written whole.
+struct SegmentColumns {
+    precision: Precision,
+    rows_per_segment: u64,
+    stride: usize,
+    qstride: usize,
+    table: Vec<u8>,
+    vectors: Vec<u8>,
+    quant: Vec<u8>,
+}
+
+impl SegmentColumns {
+    fn new(m: &Manifest, rows: usize) -> SegmentColumns {
+        let stride = m.row_stride_bytes as usize;
+        let qstride = m.precision.qvector_stride_bytes(m.dim_count).unwrap_or(0) as usize;
+        SegmentColumns {
+            precision: m.precision,
+            rows_per_segment: u64::from(m.rows_per_segment),
+            stride,
+            qstride,
+            table: vec![0u8; rows * ROW_SIZE_BYTES],
+            vectors: vec![0u8; rows * stride],
+            quant: vec![0u8; rows * qstride],
+        }
+    }
+
+    fn put(&mut self, slot: usize, row: &Row, vector: &[f32]) {
+        self.table[slot * ROW_SIZE_BYTES..(slot + 1) * ROW_SIZE_BYTES].copy_from_slice(&row.encode());
+        encode_vector(
+            self.precision,
+            vector,
+            &mut self.vectors[slot * self.stride..(slot + 1) * self.stride],
+        );
+        if self.qstride > 0 {
+            encode_int8_row(vector, &mut self.quant[slot * self.qstride..(slot + 1) * self.qstride]);
+        }
+    }
+
+    /// Writes and fsyncs the segment's files; returns the bytes written.
+    fn write(&self, target: &dyn Storage, generation: u32, segment: u32) -> Result<u64, BankError> {
+        let rps = self.rows_per_segment;
+        write_segment(
+            target,
+            &table_segment_file(generation, segment),
+            rps * ROW_SIZE_BYTES as u64,
+            &self.table,
+        )?;
+        write_segment(
+            target,
+            &vector_segment_file(generation, segment),
+            rps * self.stride as u64,
+            &self.vectors,
+        )?;
+        if self.qstride > 0 {
+            let name = qvector_segment_file(generation, segment);
+            write_segment(target, &name, rps * self.qstride as u64, &self.quant)?;
+        }
+        Ok((self.table.len() + self.vectors.len() + self.quant.len()) as u64)
     }
 }
 

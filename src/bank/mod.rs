@@ -10,6 +10,7 @@ mod base;
 mod checkpoint;
 mod compact;
 mod error;
+pub mod kernels;
 mod mutate;
 mod open;
 mod overlay;
@@ -29,7 +30,7 @@ pub use scan::{Match, QueryOptions, dot};
 pub use stats::{Stats, TreeStats};
 pub use verify::{Problem, VerifyReport};
 
-use crate::format::manifest::Manifest;
+use crate::format::manifest::{Manifest, Precision};
 use crate::format::payload::{Payload, decode_record};
 use crate::format::row::Row;
 use crate::storage::Storage;
@@ -106,6 +107,8 @@ pub struct Bank {
     writer: Option<Writer>,
     /// External id -> index, built on first use (O(N) once).
     external_ids: Mutex<Option<HashMap<ExternalKey, u32>>>,
+    /// Threads a query scan may use (see `set_query_threads`).
+    query_threads: usize,
 }
 
 impl Bank {
@@ -119,6 +122,48 @@ impl Bank {
 
     pub fn node_count(&self) -> u32 {
         self.overlay.total_count()
+    }
+
+    /// How the vector column is stored (fixed at `init`).
+    pub fn precision(&self) -> Precision {
+        self.manifest.precision
+    }
+
+    /// Lets each query split its scan of the checkpointed column across up
+    /// to `threads` threads (0 and 1: the calling thread only). Results
+    /// are identical for every thread count; small banks use fewer
+    /// threads than asked, as starting one costs more than it saves.
+    pub fn set_query_threads(&mut self, threads: usize) {
+        self.query_threads = threads.max(1);
+    }
+
+    pub fn query_threads(&self) -> usize {
+        self.query_threads
+    }
+
+    /// The vector as this bank stores it: rounded to the nearest f16 in an
+    /// f16 bank (kept as f32 in the WAL and the overlay), so a node scores
+    /// the same before and after its checkpoint.
+    pub(crate) fn storable_vector(&self, mut vector: Vec<f32>) -> Vec<f32> {
+        if self.manifest.precision == Precision::F16 {
+            kernels::quant::round_to_f16(&mut vector);
+        }
+        vector
+    }
+
+    /// The `vector_crc32` of a vector as the data files will hold it (the
+    /// f16 bytes in an f16 bank), or None if this bank cannot hold these
+    /// values exactly (a WAL vector an f16 bank never wrote).
+    pub(crate) fn stored_vector_crc(&self, vector: &[f32]) -> Option<u32> {
+        match self.manifest.precision {
+            Precision::F32 | Precision::Int8 => Some(crate::format::vector_crc32(vector)),
+            Precision::F16 if kernels::quant::is_f16_exact(vector) => {
+                let mut bytes = vec![0u8; vector.len() * 2];
+                kernels::quant::encode_f16(vector, &mut bytes);
+                Some(crate::format::crc32(&bytes))
+            }
+            Precision::F16 => None,
+        }
     }
 
     pub fn is_writer(&self) -> bool {

@@ -9,7 +9,7 @@ use super::{Bank, BankError, ExternalKey, NodeRef, SyncPolicy, external_key};
 use crate::format::payload::{Payload, encode_record};
 use crate::format::row::{FLAG_CONSOLIDATED, FLAG_CONSOLIDATED_ROOT, Label, NodeType, Row, encode_external_id};
 use crate::format::wal::{WalOp, encode_ops};
-use crate::format::{MAX_PAYLOAD_BYTES, NODE_NONE, vector_crc32};
+use crate::format::{MAX_PAYLOAD_BYTES, NODE_NONE};
 use crate::tree::{self, MatchedNode, Placement};
 
 /// Where to put a new node.
@@ -243,7 +243,7 @@ impl Bank {
     /// without changing anything. The ack's lsn is filled in by the caller.
     fn prepare_insert(&self, node: &NewNode) -> Result<(WalOp, InsertAck, Option<ExternalKey>), BankError> {
         let tree = self.tree_index(&node.tree)?;
-        let vector = normalise(&node.embedding, self.manifest.dim_count)?;
+        let vector = self.storable_vector(normalise(&node.embedding, self.manifest.dim_count)?);
         if node.payload.scenario.trim().is_empty() {
             return Err(BankError::EmptyScenario);
         }
@@ -272,7 +272,7 @@ impl Bank {
             success_hits: 0,
             retrievals: 0,
             link: NODE_NONE,
-            vector_crc32: vector_crc32(&vector),
+            vector_crc32: self.stored_vector_crc(&vector).expect("storable_vector made it exact"),
             payload_offset_bytes: self.overlay.payload_end_bytes,
             payload_size_bytes: payload_record.len() as u32,
             created_unix_ms: now_unix_ms(),
@@ -481,7 +481,9 @@ impl Bank {
 
 /// Sets an imported node's counters, flags and creation time on its op.
 fn apply_imported_state(op: &mut WalOp, state: &ImportedState) -> Result<(), BankError> {
-    let WalOp::PutNode { row, .. } = op else { unreachable!("prepare_insert builds a PutNode") };
+    let WalOp::PutNode { row, .. } = op else {
+        unreachable!("prepare_insert builds a PutNode")
+    };
     if state.consolidated_root && row.node_type != NodeType::Root {
         return Err(BankError::NotConsolidatable {
             node: row.index,

@@ -7,9 +7,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use super::base::Base;
 use super::overlay::Overlay;
 use super::{Bank, BankError, SyncPolicy, Writer};
-use crate::format::manifest::{MAX_TREES, Manifest, TREE_NAME_MAX_BYTES, TreeSpec};
+use crate::format::manifest::{MAX_TREES, Manifest, Precision, TREE_NAME_MAX_BYTES, TreeSpec};
 use crate::format::wal::{WalHeader, WalOp, decode_ops};
-use crate::format::{MAX_DIM_COUNT, default_rows_per_segment, vector_stride_bytes};
+use crate::format::{MAX_DIM_COUNT, default_rows_per_segment};
 use crate::storage::wal::{WalScan, WalWriter, scan};
 use crate::storage::{
     FileStorage, MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, Storage, StorageError, payload_file, read_all,
@@ -29,6 +29,10 @@ pub struct BankConfig {
     pub consolidate_after: u32,
     /// Rows per segment file; None picks a ~64 MiB vector segment.
     pub rows_per_segment: Option<u32>,
+    /// How the vector column is stored (FORMAT.md §1): f32 (default), f16
+    /// (half the size, scores within a small bound), or f32 plus an int8
+    /// side column (faster scans, same answers).
+    pub precision: Precision,
 }
 
 impl BankConfig {
@@ -50,6 +54,7 @@ impl BankConfig {
             max_depth: 5,
             consolidate_after: 3,
             rows_per_segment: None,
+            precision: Precision::F32,
         }
     }
 
@@ -171,8 +176,9 @@ impl Bank {
             sequence: 1,
             flags: 0,
             dim_count: config.dim_count,
-            row_stride_bytes: vector_stride_bytes(config.dim_count),
+            row_stride_bytes: config.precision.vector_stride_bytes(config.dim_count),
             rows_per_segment,
+            precision: config.precision,
             eps: config.eps,
             max_depth: config.max_depth,
             consolidate_after: config.consolidate_after,
@@ -213,6 +219,7 @@ impl Bank {
             manifest,
             writer,
             external_ids: Mutex::new(None),
+            query_threads: 1,
         }
     }
 

@@ -1,6 +1,7 @@
 //! Counts and sizes for `stats`.
 
 use super::{Bank, BankError};
+use crate::format::manifest::Precision;
 use crate::format::row::{Label, NodeType, ROW_SIZE_BYTES};
 use crate::storage::WAL_FILE;
 use crate::tree;
@@ -27,6 +28,9 @@ pub struct Stats {
     pub nodes: u64,
     pub checkpointed_nodes: u64,
     pub trees: Vec<TreeStats>,
+    /// How the vector column is stored.
+    pub precision: Precision,
+    /// Vector column bytes of all nodes, the int8 side column included.
     pub vector_bytes: u64,
     pub table_bytes: u64,
     pub payload_bytes: u64,
@@ -82,7 +86,16 @@ impl Bank {
             nodes,
             checkpointed_nodes: u64::from(self.base.node_count),
             trees,
-            vector_bytes: nodes * u64::from(self.manifest.row_stride_bytes),
+            precision: self.manifest.precision,
+            vector_bytes: nodes
+                * u64::from(
+                    self.manifest.row_stride_bytes
+                        + self
+                            .manifest
+                            .precision
+                            .qvector_stride_bytes(self.manifest.dim_count)
+                            .unwrap_or(0),
+                ),
             table_bytes: nodes * ROW_SIZE_BYTES as u64,
             payload_bytes: self.overlay.payload_end_bytes,
             wal_bytes,

@@ -4,9 +4,11 @@
 use super::{Bank, BankError};
 use crate::format::payload::decode_record;
 use crate::format::row::{NodeType, ROW_SIZE_BYTES, Row};
-use crate::format::{NODE_NONE, vector_crc32};
+use crate::format::{NODE_NONE, crc32};
 use crate::storage::wal::scan;
-use crate::storage::{OpenMode, StorageError, WAL_FILE, payload_file, table_segment_file, vector_segment_file};
+use crate::storage::{
+    OpenMode, StorageError, WAL_FILE, payload_file, qvector_segment_file, table_segment_file, vector_segment_file,
+};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Problem {
@@ -145,14 +147,15 @@ impl Bank {
         match self.base.segment_unverified(segment) {
             Ok(maps) => {
                 let range = self.base.vector_range(row.index);
-                let v: Vec<f32> = bytemuck::pod_collect_to_vec(&maps.vectors[range.clone()]);
-                if vector_crc32(&v) != row.vector_crc32 {
+                let stored = &maps.vectors[range.clone()];
+                if crc32(stored) != row.vector_crc32 {
                     report.add(
                         vec_desc.clone(),
                         range.start as u64,
                         format!("vector of node {} fails its checksum", row.index),
                     );
                 } else {
+                    let v = self.base.decode_vector(stored);
                     let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
                     if (norm - 1.0).abs() > 1e-3 {
                         report.add(
@@ -160,6 +163,14 @@ impl Bank {
                             range.start as u64,
                             format!("vector of node {} has norm {norm}", row.index),
                         );
+                    }
+                    // The int8 row is derived from the (now checked) f32
+                    // vector: equality with the recomputation is its check.
+                    if let Some(quant) = &maps.quant {
+                        let stored_q = &quant[self.base.qvector_range(row.index)];
+                        if let Err(e) = self.base.check_qvector(row.index, &v, stored_q, &mut Vec::new()) {
+                            report.add_error(&self.storage.describe(""), e);
+                        }
                     }
                 }
                 let pad_end = range.start + self.base.stride_bytes as usize;
@@ -285,7 +296,7 @@ impl Bank {
         let segment = count / rps;
         let maps = self.base.segment_unverified(segment)?;
         let used_rows = (count % rps) as usize;
-        let checks = [
+        let mut checks = vec![
             (
                 table_segment_file(self.manifest.generation, segment),
                 &maps.table[..],
@@ -297,6 +308,13 @@ impl Bank {
                 used_rows * self.base.stride_bytes as usize,
             ),
         ];
+        if let (Some(quant), Some(qstride)) = (&maps.quant, self.base.qstride_bytes) {
+            checks.push((
+                qvector_segment_file(self.manifest.generation, segment),
+                &quant[..],
+                used_rows * qstride as usize,
+            ));
+        }
         for (name, bytes, from) in checks {
             if let Some(at) = bytes[from..].iter().position(|&b| b != 0) {
                 report.add(

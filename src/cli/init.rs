@@ -55,6 +55,19 @@ pub struct InitArgs {
     pub max_depth: Option<u8>,
     pub consolidate_after: Option<u32>,
     pub rows_per_segment: Option<u32>,
+    pub precision: PrecisionArg,
+}
+
+/// How the vector column is stored (fixed at init).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PrecisionArg {
+    /// f32 vectors (exact).
+    F32,
+    /// binary16 vectors: half the size; scores within a small bound of f32's.
+    F16,
+    /// f32 vectors plus an int8 side column for a fast first pass, then an
+    /// exact f32 re-rank (same answers as f32).
+    Int8,
 }
 
 impl InitArgs {
@@ -75,6 +88,11 @@ impl InitArgs {
         config.max_depth = self.max_depth.unwrap_or(config.max_depth);
         config.consolidate_after = self.consolidate_after.unwrap_or(config.consolidate_after);
         config.rows_per_segment = self.rows_per_segment.or(config.rows_per_segment);
+        config.precision = match self.precision {
+            PrecisionArg::F32 => deltamem::format::manifest::Precision::F32,
+            PrecisionArg::F16 => deltamem::format::manifest::Precision::F16,
+            PrecisionArg::Int8 => deltamem::format::manifest::Precision::Int8,
+        };
         config
     }
 }
@@ -94,6 +112,7 @@ struct BankOut<'a> {
     max_depth: u8,
     consolidate_after: u32,
     rows_per_segment: u32,
+    precision: &'static str,
 }
 
 /// Checks what the library leaves to its caller, so the error names the
@@ -141,6 +160,11 @@ pub fn run(path: &Path, args: InitArgs) -> anyhow::Result<Status> {
         max_depth: manifest.max_depth,
         consolidate_after: manifest.consolidate_after,
         rows_per_segment: manifest.rows_per_segment,
+        precision: match manifest.precision {
+            deltamem::format::manifest::Precision::F32 => "f32",
+            deltamem::format::manifest::Precision::F16 => "f16",
+            deltamem::format::manifest::Precision::Int8 => "int8",
+        },
     };
     let mut stdout = super::stdout();
     write_json_line(&mut stdout, &out)?;

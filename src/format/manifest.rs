@@ -18,6 +18,7 @@ pub const MAN_ROWS_PER_SEGMENT_OFFSET: usize = 36;
 pub const MAN_EPS_OFFSET: usize = 40;
 pub const MAN_MAX_DEPTH_OFFSET: usize = 44;
 pub const MAN_TREE_COUNT_OFFSET: usize = 45;
+pub const MAN_PRECISION_OFFSET: usize = 46;
 pub const MAN_CONSOLIDATE_AFTER_OFFSET: usize = 48;
 pub const MAN_GENERATION_OFFSET: usize = 52;
 pub const MAN_CHECKPOINT_LSN_OFFSET: usize = 56;
@@ -36,6 +37,67 @@ pub const TREE_TAU_OFFSET: usize = 40;
 /// Manifest flag: the bank is frozen (read-only forever, WAL empty).
 pub const MANIFEST_FLAG_FROZEN: u32 = 1;
 
+/// How the embedding column is stored, fixed at `init` (FORMAT.md §1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Precision {
+    /// f32 column only.
+    #[default]
+    F32 = 0,
+    /// The column of record is IEEE binary16: half the bytes, scores
+    /// within a documented bound of the f32 ones.
+    F16 = 1,
+    /// f32 column of record plus a derived int8 side column for a fast
+    /// first pass; answers equal the f32 scan's (exact re-rank).
+    Int8 = 2,
+}
+
+impl Precision {
+    pub fn from_u8(value: u8) -> Option<Precision> {
+        match value {
+            0 => Some(Precision::F32),
+            1 => Some(Precision::F16),
+            2 => Some(Precision::Int8),
+            _ => None,
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Precision> {
+        match text {
+            "f32" => Some(Precision::F32),
+            "f16" => Some(Precision::F16),
+            "int8" => Some(Precision::Int8),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::F16 => "f16",
+            Precision::Int8 => "int8",
+        }
+    }
+
+    /// Bytes of one stored component in the vector segments.
+    pub fn component_bytes(self) -> u32 {
+        match self {
+            Precision::F16 => 2,
+            Precision::F32 | Precision::Int8 => 4,
+        }
+    }
+
+    /// Bytes of one row of the vector segments: the components, padded to 64.
+    pub fn vector_stride_bytes(self, dim_count: u32) -> u32 {
+        (dim_count * self.component_bytes()).div_ceil(VECTOR_ALIGN_BYTES) * VECTOR_ALIGN_BYTES
+    }
+
+    /// Bytes of one row of the int8 side column (f32 scale, then one byte
+    /// per component), padded to 64; only `Int8` banks have that column.
+    pub fn qvector_stride_bytes(self, dim_count: u32) -> Option<u32> {
+        (self == Precision::Int8).then(|| (4 + dim_count).div_ceil(VECTOR_ALIGN_BYTES) * VECTOR_ALIGN_BYTES)
+    }
+}
+
 const WHAT: &str = "manifest";
 
 #[derive(Debug, Clone, PartialEq)]
@@ -52,6 +114,8 @@ pub struct Manifest {
     pub dim_count: u32,
     pub row_stride_bytes: u32,
     pub rows_per_segment: u32,
+    /// How the vector column is stored; decides `row_stride_bytes`.
+    pub precision: Precision,
     pub eps: f32,
     pub max_depth: u8,
     pub consolidate_after: u32,
@@ -89,6 +153,7 @@ impl Manifest {
         put_f32(&mut b, MAN_EPS_OFFSET, self.eps);
         b[MAN_MAX_DEPTH_OFFSET] = self.max_depth;
         b[MAN_TREE_COUNT_OFFSET] = self.trees.len() as u8;
+        b[MAN_PRECISION_OFFSET] = self.precision as u8;
         put_u32(&mut b, MAN_CONSOLIDATE_AFTER_OFFSET, self.consolidate_after);
         put_u32(&mut b, MAN_GENERATION_OFFSET, self.generation);
         put_u64(&mut b, MAN_CHECKPOINT_LSN_OFFSET, self.checkpoint_lsn);
@@ -133,7 +198,7 @@ impl Manifest {
             crc32(&b[..MAN_CRC_OFFSET]),
         )?;
         for reserved in [
-            46..48,
+            MAN_PRECISION_OFFSET + 1..MAN_CONSOLIDATE_AFTER_OFFSET,
             96..MAN_TREES_OFFSET,
             MAN_TREES_OFFSET + MAX_TREES * TREE_ENTRY_SIZE_BYTES..MAN_CRC_OFFSET,
         ] {
@@ -147,12 +212,18 @@ impl Manifest {
                 detail: format!("unknown flags {flags:#x}"),
             });
         }
+        let precision = Precision::from_u8(b[MAN_PRECISION_OFFSET]).ok_or_else(|| FormatError::Invalid {
+            what: WHAT,
+            offset_bytes: MAN_PRECISION_OFFSET as u64,
+            detail: format!("unknown precision {}", b[MAN_PRECISION_OFFSET]),
+        })?;
         let m = Manifest {
             sequence: get_u64(b, MAN_SEQUENCE_OFFSET),
             flags,
             dim_count: get_u32(b, MAN_DIM_OFFSET),
             row_stride_bytes: get_u32(b, MAN_STRIDE_OFFSET),
             rows_per_segment: get_u32(b, MAN_ROWS_PER_SEGMENT_OFFSET),
+            precision,
             eps: get_f32(b, MAN_EPS_OFFSET),
             max_depth: b[MAN_MAX_DEPTH_OFFSET],
             consolidate_after: get_u32(b, MAN_CONSOLIDATE_AFTER_OFFSET),
@@ -184,7 +255,7 @@ impl Manifest {
                 format!("dimension {} outside 1..={MAX_DIM_COUNT}", self.dim_count),
             );
         }
-        if self.row_stride_bytes != vector_stride_bytes(self.dim_count) {
+        if self.row_stride_bytes != self.precision.vector_stride_bytes(self.dim_count) {
             return bad(
                 MAN_STRIDE_OFFSET,
                 format!("row stride {} does not match dimension", self.row_stride_bytes),
@@ -275,6 +346,7 @@ mod tests {
             dim_count: 768,
             row_stride_bytes: vector_stride_bytes(768),
             rows_per_segment: 16_384,
+            precision: Precision::F32,
             eps: 0.05,
             max_depth: 5,
             consolidate_after: 3,
@@ -316,6 +388,31 @@ mod tests {
     }
 
     #[test]
+    fn precision_roundtrips_and_sets_the_stride() {
+        for (precision, stride) in [(Precision::F32, 3072), (Precision::F16, 1536), (Precision::Int8, 3072)] {
+            let m = Manifest {
+                precision,
+                row_stride_bytes: stride,
+                ..sample()
+            };
+            assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
+            let wrong = Manifest {
+                row_stride_bytes: if stride == 3072 { 1536 } else { 3072 },
+                ..m
+            };
+            assert!(wrong.validate().is_err(), "{precision:?}");
+        }
+        assert_eq!(Precision::Int8.qvector_stride_bytes(768), Some(832));
+        assert_eq!(Precision::Int8.qvector_stride_bytes(60), Some(64));
+        assert_eq!(Precision::F16.qvector_stride_bytes(768), None);
+        let mut b = sample().encode();
+        b[MAN_PRECISION_OFFSET] = 3;
+        let crc = crc32(&b[..MAN_CRC_OFFSET]);
+        put_u32(&mut b, MAN_CRC_OFFSET, crc);
+        assert!(Manifest::decode(&b).is_err());
+    }
+
+    #[test]
     fn a_tree_entry_past_tree_count_is_refused() {
         let mut b = sample().encode();
         let slot = MAN_TREES_OFFSET + 2 * TREE_ENTRY_SIZE_BYTES;
@@ -323,7 +420,10 @@ mod tests {
         let crc = crc32(&b[..MAN_CRC_OFFSET]);
         put_u32(&mut b, MAN_CRC_OFFSET, crc);
         let err = Manifest::decode(&b).unwrap_err();
-        assert!(matches!(err, FormatError::Invalid { offset_bytes, .. } if offset_bytes == slot as u64), "{err}");
+        assert!(
+            matches!(err, FormatError::Invalid { offset_bytes, .. } if offset_bytes == slot as u64),
+            "{err}"
+        );
     }
 
     #[test]

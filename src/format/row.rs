@@ -252,7 +252,8 @@ fn parse_uuid(text: &str) -> Option<[u8; 16]> {
     Some(out)
 }
 
-fn format_uuid(b: &[u8; 16]) -> String {
+/// The canonical lowercase hyphenated form of 16 UUID bytes.
+pub fn format_uuid(b: &[u8; 16]) -> String {
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
     format!(
         "{}-{}-{}-{}-{}",

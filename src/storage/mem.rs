@@ -7,7 +7,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::{MappedBytes, Mapping, OpenMode, Storage, StorageError, StorageFile};
+use super::{Mapping, OpenMode, Storage, StorageError, StorageFile};
 
 type Bytes = Arc<Mutex<Vec<u8>>>;
 
@@ -42,19 +42,6 @@ impl MemStorage {
 struct MemFile {
     bytes: Bytes,
     writable: bool,
-}
-
-/// 64-byte aligned snapshot, so vector rows can be viewed as f32 slices
-/// exactly as in a page-aligned mmap.
-struct Snapshot {
-    blocks: Vec<[u8; 64]>,
-    len: usize,
-}
-
-impl MappedBytes for Snapshot {
-    fn bytes(&self) -> &[u8] {
-        &self.blocks.as_flattened()[..self.len]
-    }
 }
 
 fn read_only() -> io::Error {
@@ -102,13 +89,7 @@ impl StorageFile for MemFile {
     }
 
     fn map(&self) -> io::Result<Mapping> {
-        let data = self.bytes.lock().unwrap();
-        let mut blocks = vec![[0u8; 64]; data.len().div_ceil(64)];
-        blocks.as_flattened_mut()[..data.len()].copy_from_slice(&data);
-        Ok(Mapping::new(Arc::new(Snapshot {
-            blocks,
-            len: data.len(),
-        })))
+        Ok(super::snapshot::snapshot(&self.bytes.lock().unwrap()))
     }
 }
 

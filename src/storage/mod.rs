@@ -5,6 +5,7 @@ mod counting;
 mod fs;
 mod mem;
 pub mod sim;
+mod snapshot;
 pub mod wal;
 
 use std::io;
@@ -48,10 +49,16 @@ pub fn vector_segment_file(generation: u32, segment: u32) -> String {
     format!("vectors-{segment:06}{}.seg", generation_suffix(generation))
 }
 
+/// The int8 side column of a precision-2 bank (derived from `vectors-*`).
+pub fn qvector_segment_file(generation: u32, segment: u32) -> String {
+    format!("qvectors-{segment:06}{}.seg", generation_suffix(generation))
+}
+
 /// The generation a data file belongs to, or None if `name` is not one.
 pub fn data_file_generation(name: &str) -> Option<u32> {
     let stem = name.strip_suffix(".seg").or_else(|| name.strip_suffix(".log"))?;
-    if !(stem.starts_with("nodes-") || stem.starts_with("vectors-") || stem.starts_with("payloads")) {
+    let kinds = ["nodes-", "vectors-", "qvectors-", "payloads"];
+    if !kinds.iter().any(|k| stem.starts_with(k)) {
         return None;
     }
     match stem.rsplit_once(".g") {

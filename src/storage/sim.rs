@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::sync::{Arc, Mutex};
 
-use super::{MappedBytes, Mapping, OpenMode, Storage, StorageError, StorageFile};
+use super::{Mapping, OpenMode, Storage, StorageError, StorageFile};
 
 /// What operation `at_op` does instead of succeeding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,11 +84,12 @@ fn eio(what: &str) -> io::Error {
     io::Error::other(format!("simulated I/O error: {what}"))
 }
 
-/// Seeded xorshift64* for crash images.
-struct Rng(u64);
+/// Seeded xorshift64*: crash images here, and reproducible workloads in
+/// the crash tests, the torture tool and the benchmarks. Not for secrets.
+pub struct Rng(pub u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -278,17 +279,6 @@ struct SimFile {
     writable: bool,
 }
 
-struct Snapshot {
-    blocks: Vec<[u8; 64]>,
-    len: usize,
-}
-
-impl MappedBytes for Snapshot {
-    fn bytes(&self) -> &[u8] {
-        &self.blocks.as_flattened()[..self.len]
-    }
-}
-
 impl SimFile {
     fn mutate(&self, what: &str, change: Pending) -> io::Result<()> {
         if !self.writable {
@@ -351,14 +341,9 @@ impl StorageFile for SimFile {
     }
 
     fn map(&self) -> io::Result<Mapping> {
-        let s = self.state.lock().unwrap();
-        let data = &s.inodes[self.inode].volatile;
-        let mut blocks = vec![[0u8; 64]; data.len().div_ceil(64)];
-        blocks.as_flattened_mut()[..data.len()].copy_from_slice(data);
-        Ok(Mapping::new(Arc::new(Snapshot {
-            blocks,
-            len: data.len(),
-        })))
+        Ok(super::snapshot::snapshot(
+            &self.state.lock().unwrap().inodes[self.inode].volatile,
+        ))
     }
 }
 

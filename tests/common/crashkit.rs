@@ -30,14 +30,11 @@ pub trait Choices {
     }
 }
 
-pub struct Rng(pub u64);
+pub use deltamem::storage::sim::Rng;
 
 impl Choices for Rng {
     fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        Rng::next(self)
     }
 }
 
@@ -72,11 +69,18 @@ pub enum Op {
     Episode(Vec<Change>),
 }
 
+thread_local! {
+    /// The vector precision `config` creates banks with: the crash test
+    /// runs workloads again on f16 and int8 banks (their column files).
+    pub static PRECISION: std::cell::Cell<deltamem::format::manifest::Precision> = Default::default();
+}
+
 pub fn config() -> BankConfig {
     let mut c = BankConfig::new(DIM as u32);
     c.rows_per_segment = Some(4);
     c.max_depth = 3;
     c.consolidate_after = 2;
+    c.precision = PRECISION.with(|p| p.get());
     c
 }
 

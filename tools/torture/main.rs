@@ -18,6 +18,8 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use deltamem::storage::sim::Rng;
+
 const DIM: usize = 16;
 
 struct Args {
@@ -52,18 +54,6 @@ fn parse_args() -> Result<Args, String> {
         }
     }
     Ok(args)
-}
-
-/// xorshift64*: reproducible delays and vectors from `--seed`.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
 }
 
 fn node_line(cycle: u32, i: u64, rng: &mut Rng) -> String {

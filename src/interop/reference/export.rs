@@ -38,15 +38,10 @@ pub fn synthetic_uuid(seed: u64, index: u32) -> String {
     let lo = mix(hi ^ u64::from(index) ^ 0x5bd1_e995);
     let hi = (hi & !0xF000) | 0x4000; // version 4
     let lo = (lo & !(0xC << 60)) | (0x8 << 60); // RFC 4122 variant
-    let h = format!("{hi:016x}{lo:016x}");
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&hi.to_be_bytes());
+    bytes[8..].copy_from_slice(&lo.to_be_bytes());
+    crate::format::row::format_uuid(&bytes)
 }
 
 /// The nodes of one tree in the order the reference saves them.

@@ -230,7 +230,6 @@ fn check(bank: &Bank, tree: &str, source: &ReferenceTree) -> Result<Vec<String>,
     Ok(notes)
 }
 
-
 /// The payload as stored: the file's fields plus `reference_meta`.
 fn stored_payload(node: &ReferenceNode) -> Payload {
     let meta: serde_json::Map<String, Value> = node.extra_meta.clone().into_iter().collect();
@@ -276,4 +275,3 @@ fn batch_end(bank: &Bank, payloads: &[Payload], start: usize, max_nodes: usize) 
     }
     end
 }
-

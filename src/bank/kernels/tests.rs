@@ -1,0 +1,361 @@
+//! Every kernel level against an f64 reference, with a tolerance derived
+//! from the length; batched against single; f16 against f32 of the same
+//! values; int8 exactly.
+
+use super::quant::{QueryInt8, decode_f16, encode_f16, encode_int8_row, gamma, round_to_f16};
+use super::*;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn vector(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f32()).collect()
+    }
+}
+
+const LENGTHS: [usize; 20] = [
+    0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 100, 127, 384, 768, 1031,
+];
+
+fn f64_dot(a: &[f32], b: &[f32]) -> (f64, f64) {
+    let exact = a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+    let magnitude = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (f64::from(*x) * f64::from(*y)).abs())
+        .sum();
+    (exact, magnitude)
+}
+
+/// Rows laid out with a stride, one offset, so the kernels read unaligned.
+fn column(rows: &[Vec<f32>], row_bytes: impl Fn(&[f32]) -> Vec<u8>, stride: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; rows.len() * stride + 8];
+    for (i, r) in rows.iter().enumerate() {
+        let b = row_bytes(r);
+        bytes[3 + i * stride..3 + i * stride + b.len()].copy_from_slice(&b);
+    }
+    bytes
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+fn f16_bytes(v: &[f32]) -> Vec<u8> {
+    let mut out = vec![0u8; v.len() * 2];
+    encode_f16(v, &mut out);
+    out
+}
+
+#[test]
+fn float_kernels_agree_with_f64_within_gamma_n() {
+    let mut rng = Rng(11);
+    for level in Level::all_supported() {
+        for n in LENGTHS {
+            let queries: Vec<Vec<f32>> = (0..MAX_BLOCK).map(|_| rng.vector(n)).collect();
+            let rows: Vec<Vec<f32>> = (0..5).map(|_| rng.vector(n)).collect();
+            let stride = 4 * n + 5;
+            let bytes = column(&rows, f32_bytes, stride);
+            let slots = [4u32, 0, 2, 1, 3];
+            let set = Rows {
+                bytes: &bytes,
+                stride_bytes: stride,
+                offset_bytes: 3,
+                slots: &slots,
+            };
+            let refs: Vec<&[f32]> = queries.iter().map(|q| q.as_slice()).collect();
+            let mut out = vec![0.0f32; slots.len() * MAX_BLOCK];
+            score_f32(level, &refs, n, set, &mut out);
+            for (i, &slot) in slots.iter().enumerate() {
+                for (b, q) in queries.iter().enumerate() {
+                    let (exact, magnitude) = f64_dot(q, &rows[slot as usize]);
+                    let got = f64::from(out[i * MAX_BLOCK + b]);
+                    // Products are exact in f64; the f32 result carries at
+                    // most gamma_n relative to the magnitude, plus its own
+                    // final rounding.
+                    let tol = gamma(n) * magnitude + 1e-7 * exact.abs() + 1e-30;
+                    assert!(
+                        (got - exact).abs() <= tol,
+                        "{level:?} n={n} row {slot} query {b}: {got} vs {exact} (tol {tol})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn batched_scores_equal_single_scores_bit_for_bit() {
+    let mut rng = Rng(12);
+    for level in Level::all_supported() {
+        for n in [5, 64, 768, 1031] {
+            let queries: Vec<Vec<f32>> = (0..MAX_BLOCK).map(|_| rng.vector(n)).collect();
+            let rows: Vec<Vec<f32>> = (0..3).map(|_| rng.vector(n)).collect();
+            let bytes = column(&rows, f32_bytes, 4 * n);
+            let slots = [0u32, 1, 2];
+            let set = Rows {
+                bytes: &bytes,
+                stride_bytes: 4 * n,
+                offset_bytes: 3,
+                slots: &slots,
+            };
+            for width in 1..=MAX_BLOCK {
+                let refs: Vec<&[f32]> = queries[..width].iter().map(|q| q.as_slice()).collect();
+                let mut out = vec![0.0f32; 3 * width];
+                score_f32(level, &refs, n, set, &mut out);
+                for b in 0..width {
+                    let mut one = [0.0f32; 3];
+                    score_f32(level, &refs[b..b + 1], n, set, &mut one);
+                    for i in 0..3 {
+                        assert_eq!(
+                            out[i * width + b].to_bits(),
+                            one[i].to_bits(),
+                            "{level:?} n={n} width {width}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn f16_rows_score_exactly_like_their_f32_values() {
+    let mut rng = Rng(13);
+    for level in Level::all_supported() {
+        for n in LENGTHS {
+            let queries: Vec<Vec<f32>> = (0..3).map(|_| rng.vector(n)).collect();
+            let mut rows: Vec<Vec<f32>> = (0..4).map(|_| rng.vector(n)).collect();
+            rows.iter_mut().for_each(|r| round_to_f16(r));
+            let h = column(&rows, f16_bytes, 2 * n + 2);
+            let f = column(&rows, f32_bytes, 4 * n);
+            for (i, r) in rows.iter().enumerate() {
+                assert_eq!(&decode_f16(&f16_bytes(r)), r);
+                let _ = i;
+            }
+            let slots = [3u32, 1, 0, 2];
+            let refs: Vec<&[f32]> = queries.iter().map(|q| q.as_slice()).collect();
+            let (mut a, mut b) = (vec![0.0f32; 12], vec![0.0f32; 12]);
+            let rows_h = Rows {
+                bytes: &h,
+                stride_bytes: 2 * n + 2,
+                offset_bytes: 3,
+                slots: &slots,
+            };
+            let rows_f = Rows {
+                bytes: &f,
+                stride_bytes: 4 * n,
+                offset_bytes: 3,
+                slots: &slots,
+            };
+            score_f16(level, &refs, n, rows_h, &mut a);
+            score_f32(level, &refs, n, rows_f, &mut b);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "{level:?} n={n}");
+        }
+    }
+}
+
+#[test]
+fn int8_kernels_are_exact_at_every_level_and_path() {
+    let mut rng = Rng(14);
+    for n in LENGTHS.into_iter().chain([129, 191, 16384]) {
+        let rows: Vec<Vec<f32>> = (0..4).map(|_| rng.vector(n)).collect();
+        let stride = (4 + n).div_ceil(64) * 64;
+        let mut bytes = vec![0u8; rows.len() * stride + 3];
+        for (i, r) in rows.iter().enumerate() {
+            encode_int8_row(r, &mut bytes[3 + i * stride..3 + (i + 1) * stride]);
+        }
+        // Extreme codes: an all -127 (or +127) row and an all -127 query.
+        bytes[3 + 4..3 + 4 + n]
+            .iter_mut()
+            .for_each(|b| *b = if n % 2 == 0 { 0x81 } else { 0x7f });
+        let queries: Vec<Codes> = (0..5)
+            .map(|b| {
+                let codes: Vec<i8> = (0..n)
+                    .map(|_| {
+                        if b == 0 {
+                            -127
+                        } else {
+                            ((rng.next() % 255) as i32 - 127) as i8
+                        }
+                    })
+                    .collect();
+                Codes::new(&codes)
+            })
+            .collect();
+        let refs: Vec<&Codes> = queries.iter().collect();
+        let slots = [2u32, 0, 3, 1];
+        let set = Rows {
+            bytes: &bytes,
+            stride_bytes: stride,
+            offset_bytes: 3,
+            slots: &slots,
+        };
+        let mut want = vec![0i32; 20];
+        for (i, &slot) in slots.iter().enumerate() {
+            let row = &bytes[3 + slot as usize * stride + 4..][..n];
+            for (b, q) in queries.iter().enumerate() {
+                let codes = &q.narrow[INT8_LEAD_BYTES..INT8_LEAD_BYTES + n];
+                let sum: i64 = codes
+                    .iter()
+                    .zip(row)
+                    .map(|(&p, &r)| i64::from(p) * i64::from(r as i8))
+                    .sum();
+                want[i * 5 + b] = sum as i32;
+            }
+        }
+        for level in Level::all_supported() {
+            for path in [Int8Path::MultiplyAdd, Int8Path::Vnni256, Int8Path::Vnni512] {
+                let mut got = vec![0i32; 20];
+                score_i8_path(level, path, &refs, set, &mut got);
+                assert_eq!(got, want, "{level:?} {path:?} n={n}");
+            }
+        }
+    }
+}
+
+#[test]
+fn int8_encoding_is_deterministic_and_within_half_a_step() {
+    let mut rng = Rng(15);
+    for n in [1, 7, 768] {
+        let v = rng.vector(n);
+        let mut row = vec![0u8; (4 + n).div_ceil(64) * 64];
+        encode_int8_row(&v, &mut row);
+        let scale = f32::from_le_bytes(row[..4].try_into().unwrap());
+        assert!(row[4 + n..].iter().all(|&b| b == 0));
+        for (i, &x) in v.iter().enumerate() {
+            let r = f64::from(row[4 + i] as i8);
+            assert!((f64::from(x) - f64::from(scale) * r).abs() <= f64::from(scale) * 0.5001);
+        }
+        let q = QueryInt8::new(&v, 0.0);
+        assert!(q.codes.narrow.iter().all(|c| (-127..=127).contains(c)));
+        assert!(q.bound(scale) > 0.0);
+    }
+}
+
+#[test]
+fn dot_helper_matches_the_reference() {
+    let mut rng = Rng(16);
+    let (a, b) = (rng.vector(77), rng.vector(77));
+    let (exact, magnitude) = f64_dot(&a, &b);
+    assert!((f64::from(dot(&a, &b)) - exact).abs() <= gamma(77) * magnitude + 1e-7);
+}
+
+/// Unit vector the way the bank normalises: f64 norm, f32 components.
+fn unit(v: &[f32]) -> Vec<f32> {
+    let norm = v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    v.iter().map(|x| (f64::from(*x) / norm) as f32).collect()
+}
+
+/// Families of unit vectors that stress the int8 bound: random, mass on a
+/// few dimensions (large scale), one dominant dimension plus tiny noise
+/// (tiny codes), near-duplicates (ties within 1e-6), and huge dimensions.
+fn adversarial(rng: &mut Rng, n: usize, family: usize) -> Vec<f32> {
+    let mut v = rng.vector(n);
+    match family {
+        0 => {}
+        1 => v
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, x)| *x *= if i % 97 < 2 { 50.0 } else { 0.01 }),
+        2 => {
+            v.iter_mut().for_each(|x| *x *= 1e-4);
+            v[n / 2] = 1.0;
+        }
+        _ => {
+            let base = Rng(99).vector(n);
+            v = base.iter().zip(&v).map(|(b, x)| b + x * 1e-6).collect();
+        }
+    }
+    unit(&v)
+}
+
+#[test]
+fn int8_bound_covers_every_row_at_every_level() {
+    let mut rng = Rng(17);
+    let mut worst_ratio = 0.0f64;
+    for n in [1, 3, 17, 64, 768, 4096, 16384] {
+        for family in 0..4 {
+            let q = adversarial(&mut rng, n, family);
+            let rows: Vec<Vec<f32>> = (0..6).map(|f| adversarial(&mut rng, n, (family + f) % 4)).collect();
+            let qstride = (4 + n).div_ceil(64) * 64;
+            let mut side = vec![0u8; rows.len() * qstride];
+            for (i, r) in rows.iter().enumerate() {
+                encode_int8_row(r, &mut side[i * qstride..(i + 1) * qstride]);
+            }
+            let f = column(&rows, f32_bytes, 4 * n);
+            let slots: Vec<u32> = (0..rows.len() as u32).collect();
+            for eps in [0.0f32, 0.05, 0.3] {
+                let qi = QueryInt8::new(&q, eps);
+                let mut dots = vec![0i32; rows.len()];
+                let set = Rows {
+                    bytes: &side,
+                    stride_bytes: qstride,
+                    offset_bytes: 0,
+                    slots: &slots,
+                };
+                score_i8(Level::active(), &[&qi.codes], set, &mut dots);
+                for level in Level::all_supported() {
+                    let mut exact = vec![0.0f32; rows.len()];
+                    let set = Rows {
+                        bytes: &f,
+                        stride_bytes: 4 * n,
+                        offset_bytes: 3,
+                        slots: &slots,
+                    };
+                    score_f32(level, &[&q], n, set, &mut exact);
+                    for (i, &e) in exact.iter().enumerate() {
+                        let scale = f32::from_le_bytes(side[i * qstride..i * qstride + 4].try_into().unwrap());
+                        let approx = qi.approx(scale, dots[i]) - eps;
+                        let error = f64::from((approx - (e - eps)).abs());
+                        let bound = f64::from(qi.bound(scale));
+                        assert!(
+                            error <= bound,
+                            "n={n} family {family} row {i} {level:?}: {error} > {bound}"
+                        );
+                        worst_ratio = worst_ratio.max(error / bound);
+                    }
+                }
+            }
+        }
+    }
+    println!("largest |approx - exact| / bound seen: {worst_ratio:.3}");
+}
+
+#[test]
+fn int8_code_rounds_like_f32_round() {
+    let mut rng = Rng(18);
+    let specials = [
+        0.5f32,
+        -0.5,
+        1.5,
+        -1.5,
+        0.49999997,
+        -0.49999997,
+        126.5,
+        -126.5,
+        127.4,
+        200.0,
+        -200.0,
+        0.0,
+        -0.0,
+    ];
+    let samples = specials.into_iter().chain((0..100_000).map(|_| rng.f32() * 300.0));
+    for y in samples {
+        let mut row = [0u8; 64];
+        // scale 1: the code is y itself, rounded.
+        encode_int8_row(&[y, 127.0], &mut row);
+        let want = y.round().clamp(-127.0, 127.0) as i8;
+        assert_eq!(row[4] as i8, want, "{y}");
+    }
+}

@@ -1,0 +1,54 @@
+//! The exact scan of the checkpointed column (f32 and f16 banks).
+
+use std::ops::Range;
+
+use super::{CHUNK_ROWS, ScanParams, Selected, admit_at, for_each_chunk, in_steps, merge_tops, run_split};
+use crate::bank::BankError;
+use crate::bank::base::Base;
+use crate::bank::kernels::{self, Rows};
+use crate::format::manifest::Precision;
+use crate::tree::TopK;
+
+/// The top `p.fetch` checkpointed rows for each query, the row ranges
+/// scanned on their own threads and merged.
+pub(super) fn scan_base(
+    base: &Base,
+    p: &ScanParams,
+    queries: &[&[f32]],
+    ranges: &[Range<u32>],
+) -> Result<Vec<TopK>, BankError> {
+    let parts = run_split(ranges, |rows| scan_rows(base, p, queries, rows))?;
+    Ok(merge_tops(parts, queries.len(), p.fetch))
+}
+
+fn scan_rows(base: &Base, p: &ScanParams, queries: &[&[f32]], rows: Range<u32>) -> Result<Vec<TopK>, BankError> {
+    let nq = queries.len();
+    let dim = base.dim_count as usize;
+    let mut tops: Vec<TopK> = (0..nq).map(|_| TopK::new(p.fetch)).collect();
+    let mut selected = Selected::new();
+    let mut scores = vec![0.0f32; CHUNK_ROWS * nq];
+    for_each_chunk(base, rows, |maps, first, range| {
+        let (table, vectors): (&[u8], &[u8]) = (&maps.table, &maps.vectors);
+        selected.choose(maps, range.clone(), p);
+        in_steps(&selected, table, range.end, |at| {
+            let rows = Rows {
+                bytes: vectors,
+                stride_bytes: base.stride_bytes as usize,
+                offset_bytes: 0,
+                slots: &selected.slots[at.clone()],
+            };
+            let out = &mut scores[at.start * nq..];
+            match base.precision {
+                Precision::F16 => kernels::score_f16(p.level, queries, dim, rows, out),
+                Precision::F32 | Precision::Int8 => kernels::score_f32(p.level, queries, dim, rows, out),
+            }
+        });
+        for i in 0..selected.len {
+            for (b, top) in tops.iter_mut().enumerate() {
+                admit_at(top, p, &selected, i, scores[i * nq + b], first, table);
+            }
+        }
+        Ok(())
+    })?;
+    Ok(tops)
+}

@@ -1,0 +1,340 @@
+//! The scan's modes give the same answers as the plain single-threaded f32
+//! scan: threads, batched queries, and int8 banks (approximate first pass,
+//! exact re-rank) on random and adversarial data; f16 banks stay within
+//! their documented bound of f32 scores.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use deltamem::bank::kernels::quant::f16_score_bound;
+use deltamem::format::manifest::Precision;
+use deltamem::storage::MemStorage;
+use deltamem::{Attach, Bank, BankConfig, Label, Match, NewNode, NodeRef, Payload, QueryOptions};
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn vector(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f32()).collect()
+    }
+}
+
+/// Kinds of data: random; near-ties (one base direction plus 1e-6 noise,
+/// so scores differ by ~1e-6); mass on a few dimensions (large int8
+/// scales); exact duplicates (ties broken only by depth and index, and by
+/// the failure penalty).
+#[derive(Debug, Clone, Copy)]
+enum Data {
+    Random,
+    NearTies,
+    Concentrated,
+    Duplicates,
+    /// Random vectors, trees in runs longer than a segment: whole
+    /// segments of one tree (scanned without per-row filters).
+    Runs,
+}
+
+fn embedding(rng: &mut Rng, dim: usize, data: Data, base: &[f32]) -> Vec<f32> {
+    match data {
+        Data::Random => rng.vector(dim),
+        Data::NearTies => base.iter().map(|b| b + rng.f32() * 1e-6).collect(),
+        Data::Concentrated => {
+            let mut v: Vec<f32> = rng.vector(dim).iter().map(|x| x * 0.01).collect();
+            v[rng.below(3)] += 1.0 + rng.f32() * 0.1;
+            v
+        }
+        Data::Duplicates => base.iter().map(|b| b * (1.0 + rng.below(3) as f32)).collect(),
+        Data::Runs => rng.vector(dim),
+    }
+}
+
+fn node(rng: &mut Rng, i: usize, count: usize, embedding: Vec<f32>, runs: bool) -> NewNode {
+    let tree = match runs {
+        true if (i / 300) % 3 == 2 => "env",
+        true => "task",
+        false if rng.below(4) == 0 => "env",
+        false => "task",
+    };
+    // Parents only among the first batch, whose bank indexes equal list
+    // positions (consolidations add nodes after it).
+    let parents = i.min(count * 3 / 4);
+    let attach = if runs && !i.is_multiple_of(300) && i <= parents && rng.below(3) == 0 {
+        Attach::Parent(NodeRef::Index(i as u32 - 1)) // same run, same tree
+    } else if parents > 0 && rng.below(3) == 0 && !runs {
+        Attach::Parent(NodeRef::Index(rng.below(parents) as u32))
+    } else {
+        Attach::Root
+    };
+    NewNode {
+        tree: tree.into(),
+        attach,
+        label: if rng.below(3) == 0 {
+            Label::Failure
+        } else {
+            Label::Success
+        },
+        payload: Payload {
+            scenario: format!("scenario {i}"),
+            fields: BTreeMap::new(),
+        },
+        embedding,
+        external_id: None,
+    }
+}
+
+struct Pair {
+    f32: Bank,
+    other: Bank,
+    queries: Vec<Vec<f32>>,
+}
+
+/// Two banks fed the same operations, one at `precision`; part of each
+/// bank checkpointed, the rest in the overlay, a few nodes consolidated
+/// (some before the checkpoint, some after).
+fn pair(precision: Precision, data: Data, dim: usize, count: usize, seed: u64) -> Pair {
+    let mut banks = Vec::new();
+    let mut queries = Vec::new();
+    for p in [Precision::F32, precision] {
+        let mut config = BankConfig::new(dim as u32);
+        config.rows_per_segment = Some(97); // segments cut across chunks
+        config.precision = p;
+        config.max_depth = 4;
+        let mut bank = Bank::create(Arc::new(MemStorage::new()), config).unwrap();
+        let mut rng = Rng(seed);
+        let base = rng.vector(dim);
+        let mut nodes = Vec::new();
+        for i in 0..count {
+            let e = embedding(&mut rng, dim, data, &base);
+            nodes.push(node(&mut rng, i, count, e, matches!(data, Data::Runs)));
+        }
+        let parent_tree = |nodes: &[NewNode], i: usize| match nodes[i].attach {
+            Attach::Parent(NodeRef::Index(p)) => Some(p as usize),
+            _ => None,
+        };
+        for i in 0..count {
+            if let Some(p) = parent_tree(&nodes, i) {
+                let t = nodes[p].tree.clone();
+                nodes[i].tree = t;
+            }
+        }
+        let split = count * 3 / 4;
+        // A WAL record holds at most 65,535 ops.
+        for batch in nodes[..split].chunks(20_000) {
+            bank.insert_batch(batch, None).unwrap();
+        }
+        consolidate_a_residual(&mut bank, 0..split as u32);
+        bank.checkpoint().unwrap();
+        for batch in nodes[split..].chunks(20_000) {
+            bank.insert_batch(batch, None).unwrap();
+        }
+        // One consolidated since the checkpoint (the mapping still shows
+        // it unconsolidated), one in the overlay.
+        consolidate_a_residual(&mut bank, 0..split as u32);
+        let end = bank.node_count();
+        consolidate_a_residual(&mut bank, split as u32..end);
+        queries = (0..12).map(|_| embedding(&mut rng, dim, data, &base)).collect();
+        banks.push(bank);
+    }
+    let other = banks.pop().unwrap();
+    Pair {
+        f32: banks.pop().unwrap(),
+        other,
+        queries,
+    }
+}
+
+fn consolidate_a_residual(bank: &mut Bank, range: std::ops::Range<u32>) {
+    let due = range.clone().find(|&i| {
+        let row = bank.row(i).unwrap();
+        row.node_type == deltamem::NodeType::Residual && !row.is_consolidated()
+    });
+    if let Some(i) = due {
+        let fields = BTreeMap::from([("execution_procedure".to_string(), "distilled".to_string())]);
+        bank.consolidate(i, fields).unwrap();
+    }
+}
+
+fn options(k: usize, eps: Option<f32>) -> QueryOptions {
+    QueryOptions {
+        k,
+        tau: Some(-1.0),
+        eps,
+        include_consolidated: false,
+    }
+}
+
+fn summary(matches: &[Match]) -> Vec<(u32, u32, u8)> {
+    matches.iter().map(|m| (m.id, m.score.to_bits(), m.depth)).collect()
+}
+
+#[test]
+fn int8_answers_equal_the_f32_scan_on_random_and_adversarial_data() {
+    let cases = [
+        (Data::Random, 48, 600),
+        (Data::NearTies, 48, 600),
+        (Data::Concentrated, 40, 500),
+        (Data::Duplicates, 24, 400),
+        (Data::Runs, 32, 1500),
+        (Data::Random, 4096, 60),
+        (Data::NearTies, 1000, 120),
+    ];
+    for (seed, (data, dim, count)) in cases.into_iter().enumerate() {
+        let pair = pair(Precision::Int8, data, dim, count, seed as u64 + 1);
+        assert!(pair.other.verify().unwrap().is_ok());
+        for k in [1, 3, 10, 50] {
+            // eps 0 makes failures tie with successes of equal cosine;
+            // 1e-6 makes them tie across near-equal cosines.
+            // A negative eps (a bonus) makes a failure's penalty the lower
+            // one: the filters' optimistic checks must still hold.
+            for eps in [None, Some(0.0), Some(1e-6), Some(0.3), Some(-0.05)] {
+                let opts = options(k, eps);
+                for tree in ["task", "env"] {
+                    for q in &pair.queries {
+                        let want = pair.f32.query(tree, q, &opts).unwrap();
+                        let got = pair.other.query(tree, q, &opts).unwrap();
+                        assert_eq!(summary(&got), summary(&want), "{data:?} dim {dim} k {k} eps {eps:?}");
+                        let with = QueryOptions {
+                            include_consolidated: true,
+                            ..opts.clone()
+                        };
+                        let want = pair.f32.query(tree, q, &with).unwrap();
+                        let got = pair.other.query(tree, q, &with).unwrap();
+                        assert_eq!(
+                            summary(&got),
+                            summary(&want),
+                            "{data:?} dim {dim} k {k} eps {eps:?} all"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn threads_and_batches_give_the_single_thread_answers() {
+    // Enough checkpointed rows (67,500) that the scan really splits into
+    // four (at least 16,384 rows per thread).
+    for precision in [Precision::F32, Precision::F16, Precision::Int8] {
+        let mut pair = pair(precision, Data::Random, 8, 90_000, 9);
+        let opts = options(10, None);
+        let want: Vec<Vec<Match>> = pair
+            .queries
+            .iter()
+            .map(|q| pair.other.query("task", q, &opts).unwrap())
+            .collect();
+        for threads in [2, 3, 4] {
+            pair.other.set_query_threads(threads);
+            for (q, w) in pair.queries.iter().zip(&want) {
+                assert_eq!(
+                    &pair.other.query("task", q, &opts).unwrap(),
+                    w,
+                    "{precision:?} threads {threads}"
+                );
+            }
+            for n in [1, 5, 8, 9, 12] {
+                let got = pair.other.query_batch("task", &pair.queries[..n], &opts).unwrap();
+                assert_eq!(got, want[..n], "{precision:?} threads {threads} batch of {n}");
+            }
+        }
+        pair.other.set_query_threads(1);
+        let got = pair.other.query_batch("task", &pair.queries, &opts).unwrap();
+        assert_eq!(got, want, "{precision:?} batch, one thread");
+    }
+}
+
+#[test]
+fn f16_scores_stay_within_the_documented_bound() {
+    for (data, dim) in [(Data::Random, 768), (Data::Concentrated, 64), (Data::NearTies, 300)] {
+        let pair = pair(Precision::F16, data, dim, 300, 5);
+        let bound = f16_score_bound(dim) as f32;
+        let opts = options(300, Some(0.0));
+        let (mut agree, mut total) = (0, 0);
+        for q in &pair.queries {
+            let a = pair.f32.query("task", q, &opts).unwrap();
+            let b = pair.other.query("task", q, &opts).unwrap();
+            assert_eq!(a.len(), b.len());
+            let by_id: BTreeMap<u32, f32> = b.iter().map(|m| (m.id, m.score)).collect();
+            for m in &a {
+                let diff = (m.score - by_id[&m.id]).abs();
+                assert!(diff <= bound, "{data:?} node {}: {diff} > {bound}", m.id);
+            }
+            let top = |ms: &[Match]| ms.iter().take(10).map(|m| m.id).collect::<Vec<_>>();
+            agree += usize::from(top(&a) == top(&b));
+            total += 1;
+        }
+        println!("{data:?} dim {dim}: identical top-10 for {agree}/{total} queries");
+    }
+}
+
+/// The scan against a brute-force oracle (f64 dot products of the stored
+/// vectors, the filters and ranking rules applied by hand), on data where
+/// whole segments hold one tree, so both the filtered and the unfiltered
+/// chunk paths run. Only well-separated ranks are compared (f64 and the
+/// f32 kernels differ by rounding).
+#[test]
+fn scan_equals_a_brute_force_oracle() {
+    let pair = pair(Precision::F32, Data::Runs, 32, 1500, 77);
+    let bank = &pair.f32;
+    for eps in [0.0f32, 0.2, -0.05] {
+        for include_consolidated in [false, true] {
+            for tree in ["task", "env"] {
+                for q in &pair.queries {
+                    let opts = QueryOptions {
+                        k: 10,
+                        tau: Some(-1.0),
+                        eps: Some(eps),
+                        include_consolidated,
+                    };
+                    let got: Vec<u32> = bank.query(tree, q, &opts).unwrap().iter().map(|m| m.id).collect();
+                    let norm = q.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+                    let mut all: Vec<(f64, u8, u32)> = Vec::new();
+                    for i in 0..bank.node_count() {
+                        let row = bank.row(i).unwrap();
+                        if bank.tree_name(row.tree) != tree || (!include_consolidated && row.is_consolidated()) {
+                            continue;
+                        }
+                        let v = bank.vector(i).unwrap();
+                        let dot: f64 = q
+                            .iter()
+                            .zip(&v)
+                            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                            .sum::<f64>()
+                            / norm;
+                        let penalty = if row.label == Label::Failure {
+                            f64::from(eps)
+                        } else {
+                            0.0
+                        };
+                        all.push((dot - penalty, row.depth, i));
+                    }
+                    all.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+                    // Compare up to the first rank whose score is within
+                    // 1e-5 of its neighbours (rounding could swap them).
+                    let clear = (0..all.len().min(10))
+                        .take_while(|&r| r + 1 >= all.len() || all[r].0 - all[r + 1].0 > 1e-5)
+                        .count();
+                    let want: Vec<u32> = all.iter().take(10).map(|x| x.2).collect();
+                    assert_eq!(
+                        got[..clear],
+                        want[..clear],
+                        "eps {eps} {tree} consolidated {include_consolidated}"
+                    );
+                    assert_eq!(got.len(), want.len());
+                }
+            }
+        }
+    }
+}
