@@ -13,15 +13,8 @@ use deltamem::{Attach, Bank, BankConfig, Label, NewNode, OpenOptions, Payload, Q
 const DIM: usize = 20;
 
 fn rng_vector(seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..DIM)
-        .map(|_| {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
+    let mut rng = deltamem::storage::sim::Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    (0..DIM).map(|_| rng.next_f32() * 2.0 - 1.0).collect()
 }
 
 fn node(i: u64) -> NewNode {

@@ -11,23 +11,25 @@ use deltamem::format::manifest::Precision;
 use deltamem::storage::MemStorage;
 use deltamem::{Attach, Bank, BankConfig, Label, Match, NewNode, NodeRef, Payload, QueryOptions};
 
-struct Rng(u64);
+use deltamem::storage::sim::Rng;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
+/// Draws on the shared seeded generator.
+trait Draw {
+    fn below(&mut self, n: usize) -> usize;
+    fn f32(&mut self) -> f32;
+    fn vector(&mut self, n: usize) -> Vec<f32>;
+}
+
+impl Draw for Rng {
     fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
+    /// Uniform in [-1, 1).
     fn f32(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        self.next_f32() * 2.0 - 1.0
     }
     fn vector(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f32()).collect()
+        (0..n).map(|_| Draw::f32(self)).collect()
     }
 }
 

@@ -14,22 +14,13 @@ use deltamem::{Attach, Bank, BankConfig, Label, NewNode, OpenOptions, Payload, S
 
 pub const DIM: u32 = 768;
 
-/// xorshift64*: deterministic vectors without a dependency.
-pub struct Rng(pub u64);
+pub use deltamem::storage::sim::Rng;
 
-impl Rng {
-    pub fn next_f32(&mut self) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        ((self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-    }
-
-    pub fn vector(&mut self) -> Vec<f32> {
-        let v: Vec<f32> = (0..DIM).map(|_| self.next_f32()).collect();
-        let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-        v.into_iter().map(|x| x / n).collect()
-    }
+/// A deterministic unit vector of `DIM` components.
+pub fn vector(rng: &mut Rng) -> Vec<f32> {
+    let v: Vec<f32> = (0..DIM).map(|_| rng.next_f32() - 0.5).collect();
+    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    v.into_iter().map(|x| x / n).collect()
 }
 
 pub fn node(rng: &mut Rng, i: usize, tree: &str) -> NewNode {
@@ -50,7 +41,7 @@ pub fn node(rng: &mut Rng, i: usize, tree: &str) -> NewNode {
             scenario: format!("scenario {i}"),
             fields,
         },
-        embedding: rng.vector(),
+        embedding: vector(rng),
         external_id: None,
     }
 }
@@ -65,8 +56,8 @@ pub fn queries(count: usize) -> Vec<Vec<f32>> {
     let mut rng = Rng(0xDEC0_DE00 + count as u64);
     (0..count)
         .map(|_| {
-            let base = rng.vector();
-            let noise = rng.vector();
+            let base = vector(&mut rng);
+            let noise = vector(&mut rng);
             base.iter().zip(&noise).map(|(b, n)| b + 0.5 * n).collect()
         })
         .collect()

@@ -95,6 +95,11 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
+
+    /// Uniform in [0, 1) with 24 random bits (exact in f32).
+    pub fn next_f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
 }
 
 fn apply(bytes: &mut Vec<u8>, p: &Pending) {

@@ -5,21 +5,15 @@
 use super::quant::{QueryInt8, decode_f16, encode_f16, encode_int8_row, gamma, round_to_f16};
 use super::*;
 
-struct Rng(u64);
+use crate::storage::sim::Rng;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn f32(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-    fn vector(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f32()).collect()
-    }
+/// Uniform in [-1, 1).
+fn signed(rng: &mut Rng) -> f32 {
+    rng.next_f32() * 2.0 - 1.0
+}
+
+fn vector(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| signed(rng)).collect()
 }
 
 const LENGTHS: [usize; 20] = [
@@ -61,8 +55,8 @@ fn float_kernels_agree_with_f64_within_gamma_n() {
     let mut rng = Rng(11);
     for level in Level::all_supported() {
         for n in LENGTHS {
-            let queries: Vec<Vec<f32>> = (0..MAX_BLOCK).map(|_| rng.vector(n)).collect();
-            let rows: Vec<Vec<f32>> = (0..5).map(|_| rng.vector(n)).collect();
+            let queries: Vec<Vec<f32>> = (0..MAX_BLOCK).map(|_| vector(&mut rng, n)).collect();
+            let rows: Vec<Vec<f32>> = (0..5).map(|_| vector(&mut rng, n)).collect();
             let stride = 4 * n + 5;
             let bytes = column(&rows, f32_bytes, stride);
             let slots = [4u32, 0, 2, 1, 3];
@@ -98,8 +92,8 @@ fn batched_scores_equal_single_scores_bit_for_bit() {
     let mut rng = Rng(12);
     for level in Level::all_supported() {
         for n in [5, 64, 768, 1031] {
-            let queries: Vec<Vec<f32>> = (0..MAX_BLOCK).map(|_| rng.vector(n)).collect();
-            let rows: Vec<Vec<f32>> = (0..3).map(|_| rng.vector(n)).collect();
+            let queries: Vec<Vec<f32>> = (0..MAX_BLOCK).map(|_| vector(&mut rng, n)).collect();
+            let rows: Vec<Vec<f32>> = (0..3).map(|_| vector(&mut rng, n)).collect();
             let bytes = column(&rows, f32_bytes, 4 * n);
             let slots = [0u32, 1, 2];
             let set = Rows {
@@ -133,8 +127,8 @@ fn f16_rows_score_exactly_like_their_f32_values() {
     let mut rng = Rng(13);
     for level in Level::all_supported() {
         for n in LENGTHS {
-            let queries: Vec<Vec<f32>> = (0..3).map(|_| rng.vector(n)).collect();
-            let mut rows: Vec<Vec<f32>> = (0..4).map(|_| rng.vector(n)).collect();
+            let queries: Vec<Vec<f32>> = (0..3).map(|_| vector(&mut rng, n)).collect();
+            let mut rows: Vec<Vec<f32>> = (0..4).map(|_| vector(&mut rng, n)).collect();
             rows.iter_mut().for_each(|r| round_to_f16(r));
             let h = column(&rows, f16_bytes, 2 * n + 2);
             let f = column(&rows, f32_bytes, 4 * n);
@@ -169,7 +163,7 @@ fn f16_rows_score_exactly_like_their_f32_values() {
 fn int8_kernels_are_exact_at_every_level_and_path() {
     let mut rng = Rng(14);
     for n in LENGTHS.into_iter().chain([129, 191, 16384]) {
-        let rows: Vec<Vec<f32>> = (0..4).map(|_| rng.vector(n)).collect();
+        let rows: Vec<Vec<f32>> = (0..4).map(|_| vector(&mut rng, n)).collect();
         let stride = (4 + n).div_ceil(64) * 64;
         let mut bytes = vec![0u8; rows.len() * stride + 3];
         for (i, r) in rows.iter().enumerate() {
@@ -228,7 +222,7 @@ fn int8_kernels_are_exact_at_every_level_and_path() {
 fn int8_encoding_is_deterministic_and_within_half_a_step() {
     let mut rng = Rng(15);
     for n in [1, 7, 768] {
-        let v = rng.vector(n);
+        let v = vector(&mut rng, n);
         let mut row = vec![0u8; (4 + n).div_ceil(64) * 64];
         encode_int8_row(&v, &mut row);
         let scale = f32::from_le_bytes(row[..4].try_into().unwrap());
@@ -246,7 +240,7 @@ fn int8_encoding_is_deterministic_and_within_half_a_step() {
 #[test]
 fn dot_helper_matches_the_reference() {
     let mut rng = Rng(16);
-    let (a, b) = (rng.vector(77), rng.vector(77));
+    let (a, b) = (vector(&mut rng, 77), vector(&mut rng, 77));
     let (exact, magnitude) = f64_dot(&a, &b);
     assert!((f64::from(dot(&a, &b)) - exact).abs() <= gamma(77) * magnitude + 1e-7);
 }
@@ -261,7 +255,7 @@ fn unit(v: &[f32]) -> Vec<f32> {
 /// few dimensions (large scale), one dominant dimension plus tiny noise
 /// (tiny codes), near-duplicates (ties within 1e-6), and huge dimensions.
 fn adversarial(rng: &mut Rng, n: usize, family: usize) -> Vec<f32> {
-    let mut v = rng.vector(n);
+    let mut v = vector(rng, n);
     match family {
         0 => {}
         1 => v
@@ -273,7 +267,7 @@ fn adversarial(rng: &mut Rng, n: usize, family: usize) -> Vec<f32> {
             v[n / 2] = 1.0;
         }
         _ => {
-            let base = Rng(99).vector(n);
+            let base = vector(&mut Rng(99), n);
             v = base.iter().zip(&v).map(|(b, x)| b + x * 1e-6).collect();
         }
     }
@@ -350,7 +344,9 @@ fn int8_code_rounds_like_f32_round() {
         0.0,
         -0.0,
     ];
-    let samples = specials.into_iter().chain((0..100_000).map(|_| rng.f32() * 300.0));
+    let samples = specials
+        .into_iter()
+        .chain((0..100_000).map(|_| signed(&mut rng) * 300.0));
     for y in samples {
         let mut row = [0u8; 64];
         // scale 1: the code is y itself, rounded.
