@@ -81,6 +81,16 @@ pub struct NodeInfo {
     pub payload: Payload,
 }
 
+/// Whether a consolidation flag with this `link` is in force for a handle
+/// that sees `visible_count` nodes: always for an imported one (no link),
+/// otherwise once the root it went into is visible. A reader's mapping can
+/// show a later checkpoint's flag on a node whose new root it cannot see.
+#[inline]
+pub(crate) fn consolidation_in_force(link: u32, visible_count: u32) -> bool {
+    // `|`, not `||`: the scan's filter stays free of branches.
+    (link == crate::format::NODE_NONE) | (link < visible_count)
+}
+
 /// An external id as stored: its 16 bytes and whether they are a UUID's
 /// (the same bytes as text and as a UUID are two different ids).
 pub(crate) type ExternalKey = ([u8; 16], bool);
@@ -197,7 +207,7 @@ impl Bank {
         }
         if index < self.base.node_count {
             let mut row = self.base.row(index)?;
-            if row.link != crate::format::NODE_NONE && row.link >= self.node_count() {
+            if !consolidation_in_force(row.link, self.node_count()) {
                 // A reader's mapping shows rows a later checkpoint of the
                 // writer rewrote in place: a consolidation into a root this
                 // handle cannot see yet is hidden until `refresh`, so the

@@ -173,7 +173,7 @@ impl Selected {
             let row = &table[slot * ROW_SIZE_BYTES..slot * ROW_SIZE_BYTES + 32];
             let hidden = !p.include_consolidated
                 & (row[ROW_FLAGS_OFFSET] & FLAG_CONSOLIDATED != 0)
-                & in_force(get_u32(row, ROW_LINK_OFFSET), p.visible_count);
+                & super::consolidation_in_force(get_u32(row, ROW_LINK_OFFSET), p.visible_count);
             let keep = (get_u16(row, ROW_TREE_OFFSET) == p.tree) & !hidden;
             self.slots[n] = slot as u32;
             self.penalty[n] = penalty_of(table, slot, p);
@@ -201,16 +201,6 @@ fn penalty_of(table: &[u8], slot: usize, p: &ScanParams) -> f32 {
     } else {
         0.0
     }
-}
-
-/// Whether a consolidated flag is in force for a handle that sees
-/// `visible_count` nodes: always for an imported one (no link), otherwise
-/// only once the root it went into is visible (see `Bank::row`): a link
-/// past the visible nodes is a consolidation committed after this reader
-/// opened.
-#[inline]
-fn in_force(link: u32, visible_count: u32) -> bool {
-    (link == crate::format::NODE_NONE) | (link < visible_count)
 }
 
 /// Calls `f(maps, first_index_of_segment, slot_range)` for every chunk of
