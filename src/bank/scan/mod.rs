@@ -378,7 +378,6 @@ impl Bank {
                 .filter(|c| !hidden.contains(&c.index))
                 .collect();
             ranked.truncate(options.k);
-            self.check_winners(&ranked)?;
             out.push(ranked);
         }
         Ok(out)
@@ -420,19 +419,6 @@ impl Bank {
                 }
             }
         }
-    }
-
-    /// The scan reads mapped bytes without checksums (it must run at memory
-    /// speed); the rows and vectors it returns are verified before anyone
-    /// acts on them, so a corrupt winner is reported, never returned.
-    fn check_winners(&self, ranked: &[Candidate]) -> Result<(), BankError> {
-        for c in ranked.iter().filter(|c| c.index < self.base.node_count) {
-            let row = self.base.row(c.index)?;
-            let maps = self.base.segment(c.index / self.base.rows_per_segment)?;
-            self.base
-                .check_vector(&row, &maps.vectors[self.base.vector_range(c.index)])?;
-        }
-        Ok(())
     }
 }
 
