@@ -417,3 +417,35 @@ fn a_bad_query_row_gets_an_error_line_in_its_place() {
     assert_eq!(lines[1]["row"], 1);
     assert!(run.stderr.contains(&format!("{}: row 1", s(&q))), "{}", run.stderr);
 }
+
+/// Big-endian twins of our little-endian files (header descr flipped,
+/// every element byte-swapped) read as the same values, in any batching.
+#[test]
+fn big_endian_rows_read_as_their_little_endian_twins() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = random_rows(37, 5, 11);
+    for (element, size) in [(NpyElement::F32, 4usize), (NpyElement::F16, 2)] {
+        let le = dir.path().join(format!("le{size}.npy"));
+        write_npy(&le, &rows, element);
+        let mut bytes = std::fs::read(&le).unwrap();
+        let data_start = bytes.len() - 37 * 5 * size;
+        let descr = format!("<f{size}").into_bytes();
+        let at = bytes[..data_start]
+            .windows(3)
+            .position(|w| w == descr)
+            .expect("descr in the header");
+        bytes[at] = b'>';
+        bytes[data_start..].chunks_exact_mut(size).for_each(|e| e.reverse());
+        let be = dir.path().join(format!("be{size}.npy"));
+        std::fs::write(&be, &bytes).unwrap();
+        assert_eq!(NpyRowReader::open(&be).unwrap().info().descr, format!(">f{size}"));
+        let (_, _, want) = read_matrix(&le);
+        for batch in [1, 4, 37, 100] {
+            let mut reader = NpyRowReader::open(&be).unwrap();
+            let mut got = Vec::new();
+            while reader.read_rows(batch, &mut got).unwrap() > 0 {}
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "f{size} in batches of {batch}");
+        }
+    }
+}
