@@ -1,11 +1,11 @@
 //! Checkpoint: fold the overlay into the data files, then publish a new
 //! manifest and start a new WAL generation. See FORMAT.md "Checkpoint".
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use super::base::Base;
 use super::kernels::quant::{encode_f16, encode_int8_row};
-use super::overlay::Overlay;
 use super::{Bank, BankError};
 use crate::format::manifest::{Manifest, Precision};
 use crate::format::row::{ROW_SIZE_BYTES, Row};
@@ -69,7 +69,7 @@ impl Bank {
         let count = manifest.node_count as u32;
         let trusted = self.base.trusted_after(count);
         self.base = Base::with_trust(storage.clone(), &manifest, &trusted);
-        self.overlay = Overlay::new(count, manifest.dim_count, manifest.payload_end_bytes);
+        self.overlay.reset(count, manifest.payload_end_bytes);
         self.manifest = manifest;
         self.writer.as_mut().expect("writer").wal = wal;
         Ok(())
@@ -77,36 +77,51 @@ impl Bank {
 
     /// Writes the overlay's payloads, vectors and rows at their final
     /// places and fsyncs every touched file. Returns whether files were
-    /// created (the directory then needs an fsync too).
+    /// created (the directory then needs an fsync too). New nodes have
+    /// consecutive indexes, so each file gets a few large writes, not one
+    /// per node (a bulk load writes 10^5 nodes per checkpoint).
     fn write_data_files(&self) -> Result<bool, BankError> {
-        let storage = self.storage.clone();
+        self.write_payloads()?;
         let ov = &self.overlay;
-        let payload_desc = storage.describe(&payload_file(self.manifest.generation));
-        let payload_file = storage
-            .open(&payload_file(self.manifest.generation), OpenMode::ReadWrite)
-            .map_err(StorageError::io("open", payload_desc.clone()))?;
-        let mut at = self.manifest.payload_end_bytes;
-        for record in &ov.payloads {
-            payload_file
-                .write_all_at(record, at)
-                .map_err(StorageError::io("write", payload_desc.clone()))?;
-            at += record.len() as u64;
-        }
-        debug_assert_eq!(at, ov.payload_end_bytes);
-        payload_file
-            .sync_data()
-            .map_err(StorageError::io("fsync", payload_desc))?;
-
         let mut segments = SegmentWriter::new(self);
-        for row in ov.rows.iter().chain(ov.patched.values()) {
-            segments.put_row(row)?;
+        segments.put_rows(ov.base_count, &ov.rows)?;
+        for row in ov.patched.values() {
+            segments.put_rows(row.index, std::slice::from_ref(row))?;
         }
-        for row in &ov.rows {
-            segments.put_vector(row.index, ov.vector(row.index))?;
-        }
+        segments.put_vectors(ov.base_count, &ov.vectors)?;
         segments.sync_all()
     }
+
+    /// Appends the new payload records to the log, in writes of at most
+    /// `WRITE_CHUNK_BYTES`, and fsyncs it.
+    fn write_payloads(&self) -> Result<(), BankError> {
+        let name = payload_file(self.manifest.generation);
+        let desc = self.storage.describe(&name);
+        let file = self
+            .storage
+            .open(&name, OpenMode::ReadWrite)
+            .map_err(StorageError::io("open", desc.clone()))?;
+        let mut at = self.manifest.payload_end_bytes;
+        let mut chunk = Vec::new();
+        let records = &self.overlay.payloads;
+        for (k, record) in records.iter().enumerate() {
+            chunk.extend_from_slice(record);
+            if chunk.len() >= WRITE_CHUNK_BYTES || k + 1 == records.len() {
+                file.write_all_at(&chunk, at)
+                    .map_err(StorageError::io("write", desc.clone()))?;
+                at += chunk.len() as u64;
+                chunk.clear();
+            }
+        }
+        debug_assert_eq!(at, self.overlay.payload_end_bytes);
+        file.sync_data().map_err(StorageError::io("fsync", desc))?;
+        Ok(())
+    }
 }
+
+/// Largest single write a checkpoint builds in memory (vectors of an f32
+/// bank whose stride has no padding are written from the overlay as is).
+const WRITE_CHUNK_BYTES: usize = 4 << 20;
 
 /// Encodes a vector as the vector segments store it into `out` (one row
 /// stride, zero padded); returns the bytes used.
@@ -117,6 +132,23 @@ pub(crate) fn encode_vector(precision: Precision, vector: &[f32], out: &mut [u8]
         Precision::F32 | Precision::Int8 => out[..used].copy_from_slice(bytemuck::cast_slice(vector)),
     }
     used
+}
+
+/// Splits `count` consecutive nodes from `first` into runs that stay in
+/// one segment and hold at most `max_rows`: (segment, first slot, range
+/// of positions in the input).
+fn segment_runs(first: u32, count: usize, rows_per_segment: u32, max_rows: usize) -> Vec<(u32, u32, Range<usize>)> {
+    assert!(rows_per_segment > 0 && max_rows > 0);
+    let mut runs = Vec::new();
+    let mut done = 0usize;
+    while done < count {
+        let index = first + done as u32;
+        let slot = index % rows_per_segment;
+        let len = ((rows_per_segment - slot) as usize).min(count - done).min(max_rows);
+        runs.push((index / rows_per_segment, slot, done..done + len));
+        done += len;
+    }
+    runs
 }
 
 /// Opens (creating at full size when new) and writes segment files.
@@ -155,36 +187,67 @@ impl<'a> SegmentWriter<'a> {
         Ok(file)
     }
 
-    fn put_row(&mut self, row: &Row) -> Result<(), BankError> {
-        let rps = self.bank.manifest.rows_per_segment;
-        let size = u64::from(rps) * ROW_SIZE_BYTES as u64;
-        let name = table_segment_file(self.bank.manifest.generation, row.index / rps);
-        let file = self.file(name.clone(), size)?;
-        let offset = u64::from(row.index % rps) * ROW_SIZE_BYTES as u64;
-        file.write_all_at(&row.encode(), offset)
-            .map_err(StorageError::io("write", self.bank.storage.describe(&name)))?;
+    fn write(&mut self, name: String, size_bytes: u64, bytes: &[u8], offset_bytes: u64) -> Result<(), BankError> {
+        let desc = self.bank.storage.describe(&name);
+        self.file(name, size_bytes)?
+            .write_all_at(bytes, offset_bytes)
+            .map_err(StorageError::io("write", desc))?;
         Ok(())
     }
 
-    /// Writes a new node's vector in the bank's precision, and its int8
-    /// side-column row when the bank has one.
-    fn put_vector(&mut self, index: u32, vector: &[f32]) -> Result<(), BankError> {
-        let m = &self.bank.manifest;
-        let (segment, slot) = (index / m.rows_per_segment, u64::from(index % m.rows_per_segment));
-        let mut bytes = vec![0u8; m.row_stride_bytes as usize];
-        let used = encode_vector(m.precision, vector, &mut bytes);
-        let size = u64::from(m.rows_per_segment) * u64::from(m.row_stride_bytes);
-        let name = vector_segment_file(m.generation, segment);
-        self.file(name.clone(), size)?
-            .write_all_at(&bytes[..used], slot * u64::from(m.row_stride_bytes))
-            .map_err(StorageError::io("write", self.bank.storage.describe(&name)))?;
-        if let Some(qstride) = m.precision.qvector_stride_bytes(m.dim_count) {
-            let mut row = vec![0u8; qstride as usize];
-            encode_int8_row(vector, &mut row);
-            let name = qvector_segment_file(m.generation, segment);
-            self.file(name.clone(), u64::from(m.rows_per_segment) * u64::from(qstride))?
-                .write_all_at(&row, slot * u64::from(qstride))
-                .map_err(StorageError::io("write", self.bank.storage.describe(&name)))?;
+    /// Writes rows of consecutive indexes from `first`.
+    fn put_rows(&mut self, first: u32, rows: &[Row]) -> Result<(), BankError> {
+        let rps = self.bank.manifest.rows_per_segment;
+        let size = u64::from(rps) * ROW_SIZE_BYTES as u64;
+        let mut bytes = Vec::new();
+        for (segment, slot, range) in segment_runs(first, rows.len(), rps, WRITE_CHUNK_BYTES / ROW_SIZE_BYTES) {
+            bytes.clear();
+            for row in &rows[range] {
+                bytes.extend_from_slice(&row.encode());
+            }
+            let name = table_segment_file(self.bank.manifest.generation, segment);
+            self.write(name, size, &bytes, u64::from(slot) * ROW_SIZE_BYTES as u64)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the vectors (`dim_count` floats each) of consecutive new
+    /// nodes from `first` in the bank's precision, and their int8
+    /// side-column rows when the bank has one.
+    fn put_vectors(&mut self, first: u32, vectors: &[f32]) -> Result<(), BankError> {
+        let bank = self.bank;
+        let m = &bank.manifest;
+        let (dim, stride) = (m.dim_count as usize, m.row_stride_bytes as usize);
+        let count = vectors.len() / dim.max(1);
+        let size = u64::from(m.rows_per_segment) * stride as u64;
+        let as_is = m.precision != Precision::F16 && stride == dim * 4;
+        let qstride = m.precision.qvector_stride_bytes(m.dim_count);
+        let mut bytes = Vec::new();
+        for (segment, slot, range) in segment_runs(first, count, m.rows_per_segment, WRITE_CHUNK_BYTES / stride) {
+            let values = &vectors[range.start * dim..range.end * dim];
+            let name = vector_segment_file(m.generation, segment);
+            let offset = u64::from(slot) * stride as u64;
+            if as_is {
+                self.write(name, size, bytemuck::cast_slice(values), offset)?;
+            } else {
+                bytes.clear();
+                bytes.resize(range.len() * stride, 0);
+                for (v, out) in values.chunks_exact(dim).zip(bytes.chunks_exact_mut(stride)) {
+                    encode_vector(m.precision, v, out);
+                }
+                self.write(name, size, &bytes, offset)?;
+            }
+            if let Some(qstride) = qstride {
+                let qstride = qstride as usize;
+                bytes.clear();
+                bytes.resize(range.len() * qstride, 0);
+                for (v, out) in values.chunks_exact(dim).zip(bytes.chunks_exact_mut(qstride)) {
+                    encode_int8_row(v, out);
+                }
+                let qsize = u64::from(m.rows_per_segment) * qstride as u64;
+                let name = qvector_segment_file(m.generation, segment);
+                self.write(name, qsize, &bytes, u64::from(slot) * qstride as u64)?;
+            }
         }
         Ok(())
     }

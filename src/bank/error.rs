@@ -44,6 +44,8 @@ pub enum BankError {
     NotConsolidatable { node: u32, reason: String },
     #[error("transaction of {ops} ops and {size_bytes} bytes exceeds one WAL record (65535 ops, 64 MiB)")]
     TransactionTooLarge { ops: usize, size_bytes: usize },
+    #[error("a bulk load only adds nodes; {0} must go through a transaction")]
+    NotLoadable(&'static str),
     #[error("bank is read-only: {0}")]
     ReadOnly(String),
     #[error("bank refuses writes after an I/O failure ({0}); reopen it to recover")]

@@ -11,6 +11,7 @@ mod checkpoint;
 mod compact;
 mod error;
 pub mod kernels;
+mod load;
 mod mutate;
 mod open;
 mod overlay;

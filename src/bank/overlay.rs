@@ -41,6 +41,23 @@ impl Overlay {
         }
     }
 
+    /// Empties the overlay after a checkpoint of `base_count` nodes. The
+    /// vector buffer keeps its memory up to `KEPT_VECTOR_BYTES`: a bulk
+    /// load checkpoints after every batch, and fresh pages for each one
+    /// cost more in page faults than filling them.
+    pub fn reset(&mut self, base_count: u32, payload_end_bytes: u64) {
+        const KEPT_VECTOR_BYTES: usize = 32 << 20;
+        let mut vectors = std::mem::take(&mut self.vectors);
+        vectors.clear();
+        if vectors.capacity() * size_of::<f32>() > KEPT_VECTOR_BYTES {
+            vectors = Vec::new();
+        }
+        *self = Overlay {
+            vectors,
+            ..Overlay::new(base_count, self.dim_count, payload_end_bytes)
+        };
+    }
+
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty() && self.patched.is_empty()
     }

@@ -21,6 +21,14 @@ pub const ZSTD_LEVEL: i32 = 3;
 
 const WHAT: &str = "payload record";
 
+thread_local! {
+    /// One compression context per thread: creating one per record cost
+    /// more than compressing a short payload (bulk imports encode ~10^5).
+    static COMPRESSOR: std::cell::RefCell<zstd::bulk::Compressor<'static>> = std::cell::RefCell::new(
+        zstd::bulk::Compressor::new(ZSTD_LEVEL).expect("a zstd context at a valid level"),
+    );
+}
+
 /// What a node carries besides its vector: the scenario text its embedding
 /// was computed from, and free-form string fields (activation condition,
 /// procedure, trajectory, provenance, ...). A BTreeMap keeps the encoding
@@ -41,7 +49,9 @@ impl Payload {
 /// Encodes a full record (header + compressed body) for node `node_index`.
 pub fn encode_record(node_index: u32, payload: &Payload) -> Vec<u8> {
     let plain = postcard::to_stdvec(payload).expect("postcard encoding of strings cannot fail");
-    let body = zstd::bulk::compress(&plain, ZSTD_LEVEL).expect("zstd compression of an in-memory buffer");
+    let body = COMPRESSOR
+        .with(|c| c.borrow_mut().compress(&plain))
+        .expect("zstd compression of an in-memory buffer");
     let mut out = vec![0u8; PAYLOAD_HEADER_SIZE_BYTES + body.len()];
     out[..4].copy_from_slice(&PAYLOAD_MAGIC);
     put_u32(&mut out, PAY_BODY_SIZE_OFFSET, body.len() as u32);

@@ -67,6 +67,9 @@ pub enum Op {
     Reopen,
     /// An agent episode: a node, the chain it used, a hit, one record.
     Episode(Vec<Change>),
+    /// A bulk load of inserts (durable by checkpoint, not WAL); `true`
+    /// passes the embeddings as one column (`Bank::load_column`).
+    Load(Vec<Change>, bool),
 }
 
 thread_local! {
@@ -161,7 +164,20 @@ pub fn workload_from(rng: &mut impl Choices, max_ops: usize) -> Vec<Op> {
                 Some(&due) => Op::Consolidate(due),
                 None => continue,
             },
-            17 => Op::Checkpoint,
+            17 if rng.below(2) == 0 => Op::Checkpoint,
+            17 => {
+                // Explicit parents are earlier nodes; auto attach may also
+                // pick a node of the same load (staged in order).
+                let mut changes = Vec::new();
+                for _ in 0..=rng.below(4) {
+                    let mut node = new_node(rng, &bank);
+                    if let Attach::Parent(NodeRef::Index(p)) = node.attach {
+                        node.tree = bank.tree_name(bank.row(p).unwrap().tree).to_string();
+                    }
+                    changes.push(Change::Insert(node));
+                }
+                Op::Load(changes, rng.below(2) == 0)
+            }
             19 if rng.below(2) == 0 => Op::Compact,
             19 if n > 0 => {
                 let used = rng.below(n) as u32;
@@ -218,8 +234,36 @@ pub fn run_op(bank: &mut Bank, op: &Op) -> Result<Option<u64>, BankError> {
             ChangeAck::Inserted(a) => Some(a.lsn),
             _ => None,
         }),
+        Op::Load(changes, false) => {
+            bank.load(changes)?;
+            None
+        }
+        Op::Load(changes, true) => {
+            let (stripped, column) = as_column(changes);
+            bank.load_column(&stripped, &column)?;
+            None
+        }
         Op::Reopen => None, // handled by the driver
     })
+}
+
+/// The inserts without their embeddings, and the embeddings as a column.
+fn as_column(changes: &[Change]) -> (Vec<Change>, Vec<f32>) {
+    let mut column = Vec::new();
+    let stripped = changes
+        .iter()
+        .map(|c| match c {
+            Change::Insert(node) => {
+                column.extend_from_slice(&node.embedding);
+                Change::Insert(NewNode {
+                    embedding: Vec::new(),
+                    ..node.clone()
+                })
+            }
+            other => other.clone(),
+        })
+        .collect();
+    (stripped, column)
 }
 
 /// Digest of everything observable, except creation times.

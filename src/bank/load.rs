@@ -1,0 +1,82 @@
+//! Bulk load: new nodes made durable by a checkpoint instead of the WAL.
+//!
+//! A bulk import is dominated by vector traffic. Through the WAL each
+//! vector is written twice (log, then segment at the next checkpoint) and
+//! copied into a record body on the way; a load stages the nodes in the
+//! overlay exactly like a transaction and checkpoints at once, so each
+//! vector is written once, in large writes, straight to its segment.
+
+use super::mutate::set_lsn;
+use super::{Bank, BankError, Change, ChangeAck};
+
+impl Bank {
+    /// Applies `changes` like [`Bank::transact`] and makes them durable by
+    /// a checkpoint at once, without writing them to the WAL.
+    ///
+    /// All or nothing, as a transaction: a crash before the checkpoint's
+    /// new manifest is durable leaves the bank as it was, with the load's
+    /// bytes as unreferenced leftovers past the checkpoint's ends (the same
+    /// as any interrupted checkpoint). Nothing can slip in between staging
+    /// and checkpoint (`&mut self`), so no WAL record can refer to a node
+    /// the WAL does not hold. Records committed earlier are checkpointed
+    /// with it. Acks carry the LSN of the last record in the WAL before
+    /// (durable, like everything else, when this returns). Each call costs
+    /// a full checkpoint (a few fsyncs): for batches, not single nodes.
+    ///
+    /// Only inserts and imports: a change to an existing row (a hit, a
+    /// retrieval count) would be rewritten in place by the checkpoint with
+    /// no WAL record to restore it from if the checkpoint were cut short.
+    pub fn load(&mut self, changes: &[Change]) -> Result<Vec<ChangeAck>, BankError> {
+        self.load_staged(changes, None)
+    }
+
+    /// As [`Bank::load`], with the embeddings given as one row-major
+    /// column (`changes.len() * dim_count` floats, row k for change k)
+    /// instead of one `Vec` per node, whose `embedding` must then be
+    /// empty. Spares a bulk import one allocation and copy per row.
+    pub fn load_column(&mut self, changes: &[Change], column: &[f32]) -> Result<Vec<ChangeAck>, BankError> {
+        let dim = self.manifest.dim_count as usize;
+        if column.len() != changes.len() * dim {
+            return Err(BankError::DimensionMismatch {
+                expected: self.manifest.dim_count,
+                found: column.len() / changes.len().max(1),
+            });
+        }
+        self.load_staged(changes, Some(column))
+    }
+
+    fn load_staged(&mut self, changes: &[Change], column: Option<&[f32]>) -> Result<Vec<ChangeAck>, BankError> {
+        self.check_writable()?;
+        check_loadable(changes, column.is_some())?;
+        let mut txn = self.stage_all(changes, column, false)?;
+        if txn.undo.is_empty() {
+            return Ok(txn.acks);
+        }
+        let lsn = self.writer.as_ref().map_or(0, |w| w.wal.next_lsn() - 1);
+        // A failure poisons the bank (the checkpoint's rule). Whether the
+        // load is durable then is unknown, as for a write whose fsync
+        // failed.
+        self.checkpoint()?;
+        set_lsn(&mut txn.acks, lsn);
+        Ok(txn.acks)
+    }
+}
+
+/// Inserts and imports only; with a column, their own embeddings empty.
+fn check_loadable(changes: &[Change], column: bool) -> Result<(), BankError> {
+    for (position, change) in changes.iter().enumerate() {
+        let refused = match change {
+            Change::Insert(node) | Change::Import(node, _) if column && !node.embedding.is_empty() => {
+                BankError::BadEmbedding("a node of a column load carries its own embedding too".into())
+            }
+            Change::Insert(_) | Change::Import(..) => continue,
+            Change::SuccessHit(_) => BankError::NotLoadable("a success hit"),
+            Change::Retrievals(_) => BankError::NotLoadable("a retrieval count"),
+        };
+        return Err(BankError::BatchItem {
+            position,
+            source: Box::new(refused),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,249 @@
+//! `Bank::load` and `Bank::load_column`: the same nodes as a transaction
+//! of the same changes, durable without the WAL, all or nothing, and only
+//! for changes that add nodes. (Crash points of loads are in crash.rs.)
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use deltamem::format::manifest::Precision;
+use deltamem::{
+    Attach, Bank, BankConfig, BankError, Change, ChangeAck, ImportedState, Label, NewNode, NodeRef, OpenOptions,
+    Payload,
+};
+
+const DIM: usize = 12;
+
+fn config(precision: Precision) -> BankConfig {
+    let mut c = BankConfig::new(DIM as u32);
+    c.rows_per_segment = Some(5); // loads that straddle segments
+    c.precision = precision;
+    c
+}
+
+/// Node `k` of a deterministic family: several directions so auto attach
+/// finds parents, some failures, explicit parents, an external id.
+fn node(k: usize) -> NewNode {
+    let embedding = (0..DIM)
+        .map(|i| {
+            if i == k % 4 {
+                3.0
+            } else {
+                ((i * 7 + k * 13) % 11) as f32 * 0.05 - 0.2
+            }
+        })
+        .collect();
+    let attach = match k % 3 {
+        0 => Attach::Root,
+        1 => Attach::Auto,
+        _ => Attach::Parent(NodeRef::Index((k / 2) as u32)),
+    };
+    let mut fields = BTreeMap::new();
+    fields.insert("execution_procedure".to_string(), format!("steps of node {k}"));
+    NewNode {
+        tree: "task".into(),
+        attach,
+        label: if k % 5 == 4 { Label::Failure } else { Label::Success },
+        payload: Payload {
+            scenario: format!("scenario {k}"),
+            fields,
+        },
+        embedding,
+        external_id: k.is_multiple_of(4).then(|| format!("ext-{k}")),
+    }
+}
+
+fn inserts(range: std::ops::Range<usize>) -> Vec<Change> {
+    range.map(|k| Change::Insert(node(k))).collect()
+}
+
+/// Everything observable of every node, creation times aside.
+fn snapshot(bank: &Bank) -> Vec<String> {
+    (0..bank.node_count())
+        .map(|i| {
+            let mut row = bank.row(i).unwrap();
+            row.created_unix_ms = 0;
+            let bits: Vec<u32> = bank.vector(i).unwrap().iter().map(|x| x.to_bits()).collect();
+            format!("{row:?} {:?} {bits:?}", bank.payload(i).unwrap())
+        })
+        .collect()
+}
+
+fn wal_size_bytes(dir: &Path) -> u64 {
+    std::fs::metadata(dir.join("wal.log")).unwrap().len()
+}
+
+fn split_column(changes: &[Change]) -> (Vec<Change>, Vec<f32>) {
+    let mut column = Vec::new();
+    let stripped = changes
+        .iter()
+        .map(|c| match c {
+            Change::Insert(n) => {
+                column.extend_from_slice(&n.embedding);
+                Change::Insert(NewNode {
+                    embedding: Vec::new(),
+                    ..n.clone()
+                })
+            }
+            other => other.clone(),
+        })
+        .collect();
+    (stripped, column)
+}
+
+#[test]
+fn a_load_stores_what_a_transaction_stores_and_skips_the_wal() {
+    for precision in [Precision::F32, Precision::F16, Precision::Int8] {
+        let (a, b, c) = (
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+        );
+        let mut logged = Bank::create_dir(a.path(), config(precision)).unwrap();
+        let mut loaded = Bank::create_dir(b.path(), config(precision)).unwrap();
+        let mut by_column = Bank::create_dir(c.path(), config(precision)).unwrap();
+        // A WAL record before the load: the load's checkpoint takes it too.
+        for bank in [&mut logged, &mut loaded, &mut by_column] {
+            bank.transact(&inserts(0..3), None).unwrap();
+        }
+        let wal_before = wal_size_bytes(b.path());
+        assert!(wal_before > 64, "the first transaction is in the WAL");
+
+        let changes = inserts(3..23);
+        let acks_logged = logged.transact(&changes, None).unwrap();
+        let acks_loaded = loaded.load(&changes).unwrap();
+        let (stripped, column) = split_column(&changes);
+        let acks_column = by_column.load_column(&stripped, &column).unwrap();
+        let ids = |acks: &[ChangeAck]| -> Vec<_> {
+            acks.iter()
+                .map(|a| match a {
+                    ChangeAck::Inserted(a) => (a.id, a.parent, a.depth, a.node_type, a.matched),
+                    other => panic!("{other:?}"),
+                })
+                .collect()
+        };
+        assert_eq!(ids(&acks_loaded), ids(&acks_logged), "{precision:?}");
+        assert_eq!(ids(&acks_column), ids(&acks_logged), "{precision:?}");
+        assert_eq!(snapshot(&loaded), snapshot(&logged), "{precision:?}");
+        assert_eq!(snapshot(&by_column), snapshot(&logged), "{precision:?}");
+        // Checkpointed, not logged: the WAL is a bare header again.
+        assert_eq!(wal_size_bytes(b.path()), 64, "{precision:?}");
+        assert_eq!(wal_size_bytes(c.path()), 64, "{precision:?}");
+        assert!(loaded.durable_below_lsn() > acks_loaded.iter().map(lsn).max().unwrap());
+
+        // Durable without close (the handle is just dropped) and intact.
+        let expected = snapshot(&logged);
+        drop((loaded, by_column));
+        for dir in [b.path(), c.path()] {
+            let reopened = Bank::open_dir(dir, OpenOptions::default()).unwrap();
+            assert_eq!(snapshot(&reopened), expected, "{precision:?}");
+            assert!(reopened.verify().unwrap().problems.is_empty(), "{precision:?}");
+            assert_eq!(reopened.resolve(&NodeRef::External("ext-8".into())).unwrap(), 8);
+        }
+    }
+}
+
+fn lsn(ack: &ChangeAck) -> u64 {
+    match ack {
+        ChangeAck::Inserted(a) => a.lsn,
+        ChangeAck::Hit(a) => a.lsn,
+        ChangeAck::Retrieved { .. } => 0,
+    }
+}
+
+#[test]
+fn a_load_is_all_or_nothing_and_names_the_bad_item() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bank = Bank::create_dir(dir.path(), config(Precision::F32)).unwrap();
+    bank.load(&inserts(0..4)).unwrap();
+    let before = snapshot(&bank);
+
+    let mut bad_vector = inserts(4..9);
+    if let Change::Insert(n) = &mut bad_vector[3] {
+        n.embedding[2] = f32::NAN;
+    }
+    let mut reused_id = inserts(4..9);
+    if let Change::Insert(n) = &mut reused_id[2] {
+        n.external_id = Some("ext-0".into());
+    }
+    let with_hit = [inserts(4..6), vec![Change::SuccessHit(1)]].concat();
+    let with_retrievals = [vec![Change::Retrievals(vec![0, 1])], inserts(4..6)].concat();
+    let cases: [(&[Change], usize, &str); 4] = [
+        (&bad_vector, 3, "component 2 is NaN"),
+        (&reused_id, 2, "already used by node 0"),
+        (&with_hit, 2, "a success hit"),
+        (&with_retrievals, 0, "a retrieval count"),
+    ];
+    for (changes, position, says) in cases {
+        match bank.load(changes) {
+            Err(BankError::BatchItem { position: p, source }) => {
+                assert_eq!(p, position, "{source}");
+                assert!(source.to_string().contains(says), "{source}");
+            }
+            other => panic!("expected a batch item error, got {other:?}"),
+        }
+        assert_eq!(snapshot(&bank), before, "a refused load left nothing behind");
+    }
+    // Still writable, and the ids of the refused loads are free again.
+    bank.load(&inserts(4..9)).unwrap();
+    assert_eq!(bank.node_count(), 9);
+    drop(bank);
+    let bank = Bank::open_dir(dir.path(), OpenOptions::default()).unwrap();
+    assert_eq!(bank.node_count(), 9);
+    assert_eq!(bank.resolve(&NodeRef::External("ext-8".into())).unwrap(), 8);
+}
+
+#[test]
+fn a_column_must_fit_the_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bank = Bank::create_dir(dir.path(), config(Precision::F32)).unwrap();
+    let (stripped, column) = split_column(&inserts(0..3));
+    let short = &column[..column.len() - 1];
+    assert!(matches!(
+        bank.load_column(&stripped, short),
+        Err(BankError::DimensionMismatch { expected, .. }) if expected == DIM as u32
+    ));
+    // A node that brings its own embedding too is ambiguous: refused.
+    let mut both = stripped.clone();
+    both[1] = inserts(1..2).remove(0);
+    match bank.load_column(&both, &column) {
+        Err(BankError::BatchItem { position: 1, source }) => {
+            assert!(matches!(*source, BankError::BadEmbedding(_)), "{source}")
+        }
+        other => panic!("expected a batch item error, got {other:?}"),
+    }
+    assert_eq!(bank.node_count(), 0);
+    // Imports keep their state through a column load.
+    let imported = vec![Change::Import(
+        NewNode {
+            embedding: Vec::new(),
+            ..node(0)
+        },
+        ImportedState {
+            success_hits: 7,
+            retrievals: 9,
+            created_unix_ms: Some(1_234),
+            ..ImportedState::default()
+        },
+    )];
+    bank.load_column(&imported, &node(0).embedding).unwrap();
+    let row = bank.row(0).unwrap();
+    assert_eq!((row.success_hits, row.retrievals, row.created_unix_ms), (7, 9, 1_234));
+}
+
+#[test]
+fn a_read_only_handle_cannot_load() {
+    let dir = tempfile::tempdir().unwrap();
+    Bank::create_dir(dir.path(), config(Precision::F32))
+        .unwrap()
+        .close()
+        .unwrap();
+    let mut reader = Bank::open_dir(
+        dir.path(),
+        OpenOptions {
+            read_only: true,
+            ..OpenOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(matches!(reader.load(&inserts(0..2)), Err(BankError::ReadOnly(_))));
+}
