@@ -5,7 +5,9 @@
 //! Groups: `scan_size` (f32 scan of 10k, 100k, 1M rows at dim 768),
 //! `scan_precision` (f32, f16, int8 + exact re-rank at 100k and 1M),
 //! `scan_threads` (1 vs 2 threads), `scan_batch` (8 queries one by one vs
-//! one `query_batch` pass), `insert` (per sync policy), `open` (read-only
+//! one `query_batch` pass), `insert` (per sync policy), `import` (100k x
+//! 768 rows: the CLI's `import --npy`, and in the library `load_column`
+//! against `insert_batch` through the WAL), `open` (read-only
 //! open of a 1M bank), `recovery` (writer open replaying a WAL of 100k
 //! un-checkpointed records). Banks are built once and cached under
 //! target/bench-banks/ (see benches/support): the first run of the 1M
@@ -18,8 +20,8 @@ use std::time::Duration;
 
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use deltamem::format::manifest::Precision;
-use deltamem::{Bank, BankConfig, NewNode, OpenOptions, QueryOptions, SyncPolicy};
-use support::{DIM, Rng, bank_dir, node, open_read_only, queries, recovery_dir};
+use deltamem::{Bank, BankConfig, Change, NewNode, OpenOptions, QueryOptions, SyncPolicy};
+use support::{DIM, Rng, bank_dir, node, npy_file, open_read_only, queries, recovery_dir};
 
 const K: usize = 10;
 
@@ -166,6 +168,88 @@ fn insert(c: &mut Criterion) {
     group.finish();
 }
 
+const IMPORT_ROWS: usize = 100_000;
+const IMPORT_BATCH_ROWS: usize = 4096;
+
+/// Bulk import of 100k x 768 rows. `cli_npy`: the real binary importing a
+/// cached .npy into a fresh bank (process start, decode, checks, acks to
+/// /dev/null included). In the library, from rows in memory: `load_column`
+/// (data files only) against its peer `insert_batch` (WAL, then the
+/// checkpoint of `close`); batches of 4096 rows both.
+fn import(c: &mut Criterion) {
+    let mut group = c.benchmark_group("import");
+    slow(&mut group);
+    group.throughput(Throughput::Elements(IMPORT_ROWS as u64));
+    group.bench_function("cli_npy_100k", |b| {
+        let npy = npy_file(IMPORT_ROWS);
+        b.iter_batched(
+            || {
+                let dir = tempfile::tempdir().unwrap();
+                Bank::create_dir(dir.path(), BankConfig::new(DIM))
+                    .unwrap()
+                    .close()
+                    .unwrap();
+                dir
+            },
+            |dir| {
+                let status = std::process::Command::new(env!("CARGO_BIN_EXE_deltamem"))
+                    .args(["import", "--quiet", "--tree", "task", "--npy"])
+                    .arg(&npy)
+                    .arg(dir.path())
+                    .stdout(std::process::Stdio::null())
+                    .status()
+                    .unwrap();
+                assert!(status.success());
+                dir
+            },
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    let mut rng = Rng(0x1A_2B);
+    let nodes: Vec<NewNode> = (0..IMPORT_ROWS).map(|i| node(&mut rng, i, "task")).collect();
+    group.bench_function("load_column_100k", |b| {
+        let column: Vec<f32> = nodes.iter().flat_map(|n| n.embedding.iter().copied()).collect();
+        let bare: Vec<Change> = nodes
+            .iter()
+            .map(|n| {
+                Change::Insert(NewNode {
+                    embedding: Vec::new(),
+                    ..n.clone()
+                })
+            })
+            .collect();
+        let width = IMPORT_BATCH_ROWS * DIM as usize;
+        b.iter_batched(
+            || tempfile::tempdir().unwrap(),
+            |dir| {
+                let mut bank = Bank::create_dir(dir.path(), BankConfig::new(DIM)).unwrap();
+                for (changes, column) in bare.chunks(IMPORT_BATCH_ROWS).zip(column.chunks(width)) {
+                    bank.load_column(changes, column).unwrap();
+                }
+                bank.close().unwrap();
+                dir
+            },
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    group.bench_function("insert_batch_wal_100k", |b| {
+        b.iter_batched(
+            || tempfile::tempdir().unwrap(),
+            |dir| {
+                let mut bank = Bank::create_dir(dir.path(), BankConfig::new(DIM)).unwrap();
+                bank.set_sync_policy(SyncPolicy::None);
+                for batch in nodes.chunks(IMPORT_BATCH_ROWS) {
+                    bank.insert_batch(batch, None).unwrap();
+                }
+                bank.close().unwrap();
+                dir
+            },
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    group.finish();
+}
+
 fn open(c: &mut Criterion) {
     let mut group = c.benchmark_group("open");
     group.bench_function("read_only_1m", |b| {
@@ -202,6 +286,7 @@ criterion_group!(
     scan_threads,
     scan_batch,
     insert,
+    import,
     open,
     recovery
 );

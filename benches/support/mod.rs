@@ -137,3 +137,26 @@ pub fn recovery_dir(records: usize) -> PathBuf {
     std::fs::write(dir.join("READY"), b"").unwrap();
     dir
 }
+
+/// A cached `(rows, DIM)` f32 .npy of random unit vectors (for the
+/// import benchmarks), written once through the library's writer.
+pub fn npy_file(rows: usize) -> PathBuf {
+    let path = cache_dir().join(format!("rows-{rows}x{DIM}.npy"));
+    if path.exists() {
+        return path;
+    }
+    std::fs::create_dir_all(cache_dir()).unwrap();
+    let mut w = deltamem::interop::npy::NpyMatrixWriter::create(
+        &path,
+        rows as u64,
+        DIM as usize,
+        deltamem::interop::npy::NpyElement::F32,
+    )
+    .unwrap();
+    let mut rng = Rng(0x1A_2B);
+    for _ in 0..rows {
+        w.write_row(&vector(&mut rng)).unwrap();
+    }
+    w.finish().unwrap();
+    path
+}

@@ -1,5 +1,7 @@
-//! `deltamem import --npy`: one node per matrix row, in batches of one WAL
-//! record each (`insert_batch`), one line per row on stdout in row order.
+//! `deltamem import --npy`: one node per matrix row, in batches stored by
+//! `Bank::load` (each batch atomic and durable when its lines go out, the
+//! vectors written once, straight to their segments, not through the
+//! WAL), one line per row on stdout in row order.
 //!
 //! What happens to bad rows (NaN or infinite components, all-zero vectors,
 //! bad META lines): by default every row is checked before anything is
@@ -21,7 +23,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use deltamem::interop::npy::{NpyRowReader, row_problem};
-use deltamem::{Attach, Bank, BankError, Label, NewNode, Payload, SyncPolicy};
+use deltamem::{Attach, Bank, BankError, Change, ChangeAck, Label, NewNode, Payload, SyncPolicy};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -87,7 +89,8 @@ fn parse_meta(text: &str, tree: &str) -> Result<RowMeta, String> {
     Ok(meta)
 }
 
-fn new_node(tree: &str, row: u64, vector: &[f32], meta: RowMeta) -> NewNode {
+/// The node of one row; its embedding travels in the batch's column.
+fn new_node(tree: &str, row: u64, meta: RowMeta) -> NewNode {
     NewNode {
         tree: tree.to_string(),
         attach: meta.attach.unwrap_or(Attach::Root),
@@ -96,7 +99,7 @@ fn new_node(tree: &str, row: u64, vector: &[f32], meta: RowMeta) -> NewNode {
             scenario: meta.scenario.unwrap_or_else(|| format!("row {row}")),
             fields: meta.fields,
         },
-        embedding: vector.to_vec(),
+        embedding: Vec::new(),
         external_id: meta.id,
     }
 }
@@ -158,31 +161,44 @@ fn row_message(npy: &Path, meta: Option<&Path>, row: u64, detail: &str) -> Strin
     }
 }
 
-/// Reads one batch: the vectors, and each row's node or problem.
+/// One batch of rows: each row's node (or problem) and the rows' values,
+/// row-major (the column `Bank::load_column` takes).
+struct Batch {
+    nodes: Vec<(u64, Result<NewNode, String>)>,
+    column: Vec<f32>,
+}
+
+/// Reads one batch into `column` (a recycled buffer: a fresh one costs
+/// its page faults again). `check_rows` false skips the row checks (a
+/// precheck already made them; the bank checks again anyway).
 fn read_batch(
     args: &ImportArgs,
     npy: &Path,
     reader: &mut NpyRowReader,
     metas: &mut MetaLines,
-) -> anyhow::Result<Vec<(u64, Result<NewNode, String>)>> {
+    mut column: Vec<f32>,
+    check_rows: bool,
+) -> anyhow::Result<Batch> {
     let first = reader.rows_read();
-    let mut values = Vec::new();
-    let count = reader.read_rows(args.batch as usize, &mut values)?;
+    column.clear();
+    let count = reader.read_rows(args.batch as usize, &mut column)?;
     let dim = reader.info().dim_count;
-    let mut out = Vec::with_capacity(count);
+    let mut nodes = Vec::with_capacity(count);
     for k in 0..count {
         let row = first + k as u64;
-        let vector = &values[k * dim..(k + 1) * dim];
         let line = metas.next(args.meta.as_deref().unwrap_or(npy))?;
-        let node = match row_problem(vector) {
+        let node = match check_rows
+            .then(|| row_problem(&column[k * dim..(k + 1) * dim]))
+            .flatten()
+        {
             Some(problem) => Err(problem),
             None => line
                 .and_then(|text| parse_meta(&text, &args.tree))
-                .map(|m| new_node(&args.tree, row, vector, m)),
+                .map(|m| new_node(&args.tree, row, m)),
         };
-        out.push((row, node));
+        nodes.push((row, node));
     }
-    Ok(out)
+    Ok(Batch { nodes, column })
 }
 
 /// Checks every row (and META line) without writing; returns the problems.
@@ -190,12 +206,13 @@ fn precheck(args: &ImportArgs, npy: &Path, progress: &Progress) -> anyhow::Resul
     let mut reader = NpyRowReader::open(npy)?;
     let mut metas = MetaLines::open(args.meta.as_deref())?;
     let (mut shown, mut total) = (Vec::new(), 0u64);
+    let mut column = Vec::new();
     loop {
-        let batch = read_batch(args, npy, &mut reader, &mut metas)?;
-        if batch.is_empty() {
+        let batch = read_batch(args, npy, &mut reader, &mut metas, column, true)?;
+        if batch.nodes.is_empty() {
             return Ok((shown, total));
         }
-        for (row, node) in &batch {
+        for (row, node) in &batch.nodes {
             if let Err(problem) = node {
                 total += 1;
                 if shown.len() < PROBLEMS_SHOWN {
@@ -204,6 +221,7 @@ fn precheck(args: &ImportArgs, npy: &Path, progress: &Progress) -> anyhow::Resul
             }
         }
         progress.set(reader.rows_read());
+        column = batch.column;
     }
 }
 
@@ -260,17 +278,29 @@ impl<W: Write> Session<W> {
     }
 
     /// Stores one batch, or rejects it. Errors returned are fatal.
-    fn store(&mut self, bank: &mut Bank, batch: Vec<(u64, Result<NewNode, String>)>, ctx: &Ctx) -> anyhow::Result<()> {
-        let rows: Vec<u64> = batch.iter().map(|(r, _)| *r).collect();
-        if let Some((row, Err(problem))) = batch.iter().find(|(_, n)| n.is_err()) {
+    fn store(
+        &mut self,
+        bank: &mut Bank,
+        nodes: Vec<(u64, Result<NewNode, String>)>,
+        column: &[f32],
+        ctx: &Ctx,
+    ) -> anyhow::Result<()> {
+        let rows: Vec<u64> = nodes.iter().map(|(r, _)| *r).collect();
+        if let Some((row, Err(problem))) = nodes.iter().find(|(_, n)| n.is_err()) {
             let message = row_message(ctx.npy, ctx.meta, *row, problem);
             self.reject(&rows, &message, ctx.progress);
             return Ok(());
         }
-        let nodes: Vec<NewNode> = batch.into_iter().filter_map(|(_, n)| n.ok()).collect();
-        match bank.insert_batch(&nodes, None) {
+        let changes: Vec<Change> = nodes
+            .into_iter()
+            .filter_map(|(_, n)| n.ok().map(Change::Insert))
+            .collect();
+        match bank.load_column(&changes, column) {
             Ok(acks) => {
-                for (ack, node) in acks.into_iter().zip(nodes) {
+                for (ack, change) in acks.into_iter().zip(changes) {
+                    let (ChangeAck::Inserted(ack), Change::Insert(node)) = (ack, change) else {
+                        unreachable!("a load of inserts acks inserts")
+                    };
                     self.stored += 1;
                     self.pending
                         .push_back((ack.lsn, LineOut::Ack(ack_json(ack, node.external_id))));
@@ -360,16 +390,37 @@ fn import_rows(args: &ImportArgs, npy: &Path, quiet: bool, bank: &mut Bank) -> a
         meta: args.meta.as_deref(),
         progress: &progress,
     };
-    loop {
-        let batch = read_batch(args, npy, &mut reader, &mut metas)?;
-        if batch.is_empty() {
-            return Ok(session);
+    // Two stages on two cores: this thread stores batch k while a reader
+    // decodes batch k+1 (reading and building nodes is a third of the
+    // work). Columns go back to the reader for reuse; at most three are
+    // alive (one being stored, one queued, one being read).
+    std::thread::scope(|scope| {
+        let (full_tx, full_rx) = std::sync::mpsc::sync_channel(1);
+        let (empty_tx, empty_rx) = std::sync::mpsc::channel::<Vec<f32>>();
+        scope.spawn(move || {
+            loop {
+                let column = empty_rx.try_recv().unwrap_or_default();
+                let batch = read_batch(args, npy, &mut reader, &mut metas, column, args.keep_going);
+                let last = !matches!(&batch, Ok(b) if !b.nodes.is_empty());
+                // A closed channel means the writer stopped on an error.
+                if full_tx.send(batch.map(|b| (b, reader.rows_read()))).is_err() || last {
+                    return;
+                }
+            }
+        });
+        for item in full_rx {
+            let (batch, rows_read) = item?;
+            if batch.nodes.is_empty() {
+                break;
+            }
+            session.store(bank, batch.nodes, &batch.column, &ctx)?;
+            session.flush_ready(bank.durable_below_lsn())?;
+            progress.set(rows_read);
+            // The reader may have finished: then the column is dropped.
+            let _ = empty_tx.send(batch.column);
         }
-        session.store(bank, batch, &ctx)?;
-        bank.sync_if_due().context("cannot sync the WAL")?;
-        session.flush_ready(bank.durable_below_lsn())?;
-        progress.set(reader.rows_read());
-    }
+        Ok(session)
+    })
 }
 
 pub fn run(args: &ImportArgs, npy: &Path, quiet: bool) -> anyhow::Result<Status> {
