@@ -581,9 +581,41 @@ fn every_precision_answers_like_f32() {
         let stats: Value = serde_json::from_str(ok(&["stats", s(&path), "--json"], "").stdout.trim()).unwrap();
         let vector_bytes = stats["bytes_per_node"]["vectors"].as_f64().unwrap();
         assert_eq!(vector_bytes, row_bytes, "{precision}");
+        assert_eq!(stats["precision"], precision);
+        assert!(
+            ok(&["stats", s(&path)], "")
+                .stdout
+                .contains(&format!("dimensions ({precision})"))
+        );
     }
     // The ranking is clear-cut here (gaps far above the f16 bound).
     assert_eq!(answers[0], vec![0, 1, 3, 2]);
     assert_eq!(answers[1], answers[0]);
     assert_eq!(answers[2], answers[0]);
+}
+
+/// `stats` names the scan kernel in use: the best this CPU runs, or the
+/// level `DELTAMEM_KERNEL` forces.
+#[test]
+fn stats_names_the_scan_kernel() {
+    let (_dir, path) = bank(&[]);
+    let kernel_of = |forced: Option<&str>| -> Value {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_deltamem"));
+        cmd.args(["stats", s(&path), "--json"]);
+        match forced {
+            Some(level) => cmd.env("DELTAMEM_KERNEL", level),
+            None => cmd.env_remove("DELTAMEM_KERNEL"),
+        };
+        let out = cmd.output().unwrap();
+        assert!(out.status.success());
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()["kernel"].clone()
+    };
+    let best = deltamem::bank::kernels::Level::all_supported().last().unwrap().name();
+    assert_eq!(kernel_of(None), best);
+    assert_eq!(kernel_of(Some("portable")), "portable");
+    assert!(
+        ok(&["stats", s(&path)], "")
+            .stdout
+            .contains(&format!("scan kernel: {best}"))
+    );
 }

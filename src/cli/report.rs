@@ -5,6 +5,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use deltamem::Bank;
+use deltamem::bank::kernels::Level;
 use deltamem::bank::{Stats, TreeStats};
 use serde::Serialize;
 
@@ -43,6 +44,11 @@ struct BytesPerNodeOut {
 #[derive(Serialize)]
 struct StatsOut<'a> {
     dim: u32,
+    /// How the vector column is stored (fixed at init).
+    precision: &'static str,
+    /// The dot-product kernels this process scans with (CPU-dependent;
+    /// `DELTAMEM_KERNEL` can force a lower level).
+    kernel: &'static str,
     nodes: u64,
     checkpointed_nodes: u64,
     eps: f32,
@@ -154,10 +160,11 @@ fn write_stats_text_with(out: &mut impl Write, bank: &Bank, compression: Option<
     let io = |e| anyhow::Error::new(e).context("cannot write to stdout");
     writeln!(
         out,
-        "{} nodes ({} checkpointed), {} dimensions, eps {}, D_max {}, K_cons {}{}",
+        "{} nodes ({} checkpointed), {} dimensions ({}), eps {}, D_max {}, K_cons {}{}",
         s.nodes,
         s.checkpointed_nodes,
         s.dim_count,
+        s.precision.as_str(),
         m.eps,
         m.max_depth,
         m.consolidate_after,
@@ -185,6 +192,7 @@ fn write_stats_text_with(out: &mut impl Write, bank: &Bank, compression: Option<
         .map_err(io)?;
     }
     writeln!(out, "WAL: {} bytes; checkpoint LSN {}", s.wal_bytes, s.checkpoint_lsn).map_err(io)?;
+    writeln!(out, "scan kernel: {}", Level::active().name()).map_err(io)?;
     Ok(())
 }
 
@@ -214,6 +222,8 @@ pub fn stats(path: &Path, args: &StatsArgs, quiet: bool) -> anyhow::Result<Statu
         let m = bank.manifest();
         let report = StatsOut {
             dim: s.dim_count,
+            precision: s.precision.as_str(),
+            kernel: Level::active().name(),
             nodes: s.nodes,
             checkpointed_nodes: s.checkpointed_nodes,
             eps: m.eps,
