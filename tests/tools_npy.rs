@@ -449,3 +449,25 @@ fn big_endian_rows_read_as_their_little_endian_twins() {
         }
     }
 }
+
+/// A file cut short after it was opened (its size was checked then): the
+/// read that meets the end fails, leaves the output as it was, and every
+/// later read fails too instead of reading from a shifted position.
+#[test]
+fn a_file_cut_short_after_open_fails_every_later_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v.npy");
+    write_npy(&path, &random_rows(10, 4, 3), NpyElement::F32);
+    let mut reader = NpyRowReader::open(&path).unwrap();
+    let len = std::fs::metadata(&path).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(len - 4 * 4 * 4 - 8).unwrap(); // rows 8 and 9 gone, row 7 torn
+    let mut out = Vec::new();
+    assert_eq!(reader.read_rows(4, &mut out).unwrap(), 4);
+    assert_eq!(out.len(), 16);
+    let err = reader.read_rows(4, &mut out).unwrap_err().to_string();
+    assert!(err.contains("row 4") && err.contains(s(&path)), "{err}");
+    assert_eq!(out.len(), 16, "a failed read appends nothing");
+    assert!(reader.read_rows(1, &mut out).is_err(), "no read after a failed one");
+    assert_eq!((reader.rows_read(), out.len()), (4, 16));
+}

@@ -13,39 +13,56 @@ use crate::format::wal::WalHeader;
 use crate::storage::wal::WalWriter;
 use crate::storage::{
     MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, StorageError, StorageFile, payload_file, qvector_segment_file,
-    replace_atomically, table_segment_file, vector_segment_file,
+    replace_atomically_reporting, table_segment_file, vector_segment_file,
 };
+
+/// How far a failed checkpoint got, for callers whose changes are not in
+/// the WAL (a bulk load): did its manifest replace the old one?
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Published {
+    /// No: the old checkpoint is the state on disk.
+    No,
+    /// Renamed into place but the directory fsync failed: in force for
+    /// this kernel, unknown after a power loss.
+    Unknown,
+    /// Durable; only starting the new WAL failed.
+    Yes,
+}
 
 impl Bank {
     /// Makes everything committed durable in the data files and empties the
     /// WAL. Any failure poisons the bank (the old checkpoint stays valid).
     pub fn checkpoint(&mut self) -> Result<(), BankError> {
-        self.check_writable()?;
-        if self.overlay.is_empty() {
-            return self.sync();
-        }
-        match self.write_checkpoint() {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                if let Some(w) = self.writer.as_mut() {
-                    w.poisoned = Some(format!("checkpoint failed: {e}"));
-                }
-                Err(e)
-            }
-        }
+        self.checkpoint_reporting().map_err(|(e, _)| e)
     }
 
-    fn write_checkpoint(&mut self) -> Result<(), BankError> {
+    /// As `checkpoint`; a failure also says whether the new manifest was
+    /// published.
+    pub(crate) fn checkpoint_reporting(&mut self) -> Result<(), (BankError, Published)> {
+        self.check_writable().map_err(|e| (e, Published::No))?;
+        if self.overlay.is_empty() {
+            return self.sync().map_err(|e| (e, Published::No));
+        }
+        self.write_checkpoint().inspect_err(|(e, _)| {
+            if let Some(w) = self.writer.as_mut() {
+                w.poisoned = Some(format!("checkpoint failed: {e}"));
+            }
+        })
+    }
+
+    fn write_checkpoint(&mut self) -> Result<(), (BankError, Published)> {
+        let before = |e: BankError| (e, Published::No);
         // WAL before data: rewriting a checkpointed row in place destroys
         // its old image, so the record holding the new one must be durable
         // first (under `batch`/`none` it may not be yet).
-        self.sync()?;
+        self.sync().map_err(before)?;
         let storage = self.storage.clone();
-        let created = self.write_data_files()?;
+        let created = self.write_data_files().map_err(before)?;
         if created {
             storage
                 .sync_dir()
-                .map_err(StorageError::io("fsync directory", storage.describe("")))?;
+                .map_err(StorageError::io("fsync directory", storage.describe("")))
+                .map_err(|e| before(e.into()))?;
         }
         let writer = self.writer.as_ref().expect("writer");
         let last_lsn = writer.wal.next_lsn() - 1;
@@ -57,7 +74,12 @@ impl Bank {
             wal_salt: super::open::new_salt(self.manifest.wal_salt),
             ..self.manifest.clone()
         };
-        replace_atomically(storage.as_ref(), MANIFEST_FILE, MANIFEST_TMP_FILE, &manifest.encode())?;
+        replace_atomically_reporting(storage.as_ref(), MANIFEST_FILE, MANIFEST_TMP_FILE, &manifest.encode()).map_err(
+            |(e, renamed)| {
+                let published = if renamed { Published::Unknown } else { Published::No };
+                (e.into(), published)
+            },
+        )?;
         // The new manifest is durable: from here on the old WAL is stale.
         let wal = WalWriter::create(
             storage.as_ref(),
@@ -65,7 +87,8 @@ impl Bank {
                 salt: manifest.wal_salt,
                 start_lsn: last_lsn + 1,
             },
-        )?;
+        )
+        .map_err(|e| (e.into(), Published::Yes))?;
         let count = manifest.node_count as u32;
         let trusted = self.base.trusted_after(count);
         self.base = Base::with_trust(storage.clone(), &manifest, &trusted);

@@ -52,8 +52,13 @@ impl Bank {
     /// Writes a compacted, fully checkpointed, read-only copy of this bank
     /// to `out_dir`, which must not exist. It is built in a sibling
     /// directory and renamed into place, so `out_dir` appears complete or
-    /// not at all. Works from a reader or a writer.
+    /// not at all. Works from a reader or a writer (not a poisoned one).
     pub fn freeze_to(&self, out_dir: &Path) -> Result<FreezeReport, BankError> {
+        // A poisoned writer may show changes whose fsync failed; a copy
+        // must not make durable what the bank itself may have lost.
+        if let Some(reason) = self.writer.as_ref().and_then(|w| w.poisoned.clone()) {
+            return Err(BankError::Poisoned(reason));
+        }
         let out = out_dir.display().to_string();
         if out_dir.exists() {
             return Err(BankError::AlreadyExists { path: out });

@@ -6,6 +6,7 @@
 //! overlay exactly like a transaction and checkpoints at once, so each
 //! vector is written once, in large writes, straight to its segment.
 
+use super::checkpoint::Published;
 use super::mutate::set_lsn;
 use super::{Bank, BankError, Change, ChangeAck};
 
@@ -53,10 +54,23 @@ impl Bank {
             return Ok(txn.acks);
         }
         let lsn = self.writer.as_ref().map_or(0, |w| w.wal.next_lsn() - 1);
-        // A failure poisons the bank (the checkpoint's rule). Whether the
-        // load is durable then is unknown, as for a write whose fsync
-        // failed.
-        self.checkpoint()?;
+        // Any failure poisons the bank (the checkpoint's rule); what the
+        // handle shows afterwards follows what is on disk.
+        match self.checkpoint_reporting() {
+            Ok(()) => {}
+            Err((e, Published::No)) => {
+                // Not on disk, and no WAL record to bring it back: take it
+                // out of memory too, so no read (or freeze) of this handle
+                // serves nodes that a reopen will not have.
+                self.unstage(txn)?;
+                return Err(e);
+            }
+            // Like a failed fsync of a WAL record: shown, maybe durable.
+            Err((e, Published::Unknown)) => return Err(e),
+            // Committed; only the new WAL failed. The load is acked and the
+            // poisoned bank refuses the next write.
+            Err((_, Published::Yes)) => {}
+        }
         set_lsn(&mut txn.acks, lsn);
         Ok(txn.acks)
     }

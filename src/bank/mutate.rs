@@ -201,6 +201,14 @@ impl Bank {
 
     /// Stages every change (undoably); on an error undoes them all and
     /// names the change. `encode` builds the WAL record body too.
+    /// Undoes a staged transaction (newest change first) and frees its
+    /// external ids.
+    pub(super) fn unstage(&mut self, txn: Txn) -> Result<(), BankError> {
+        self.forget_external_ids(&txn.keys)?;
+        txn.undo.into_iter().rev().for_each(|m| self.overlay.rollback(m));
+        Ok(())
+    }
+
     /// `column`, when given, holds the inserts' embeddings (row k for
     /// change k) in place of their own.
     pub(super) fn stage_all(
@@ -217,8 +225,7 @@ impl Bank {
         for (position, change) in changes.iter().enumerate() {
             let embedding = column.map(|c| &c[position * dim..(position + 1) * dim]);
             if let Err(e) = self.stage(change, embedding, &mut txn) {
-                self.forget_external_ids(&txn.keys)?;
-                txn.undo.into_iter().rev().for_each(|m| self.overlay.rollback(m));
+                self.unstage(txn)?;
                 return Err(BankError::BatchItem {
                     position,
                     source: Box::new(e),

@@ -35,13 +35,13 @@ pub struct ImportArgs {
     /// Without it: scenario "row N", label SUCCESS, attach root.
     #[arg(long, value_name = "META.jsonl", conflicts_with = "reference_json")]
     pub meta: Option<PathBuf>,
-    /// Nodes per atomic batch. With --npy: one bulk load, written straight
-    /// to the data files and durable before its lines are printed; with
-    /// --reference-json: one WAL record.
+    /// Nodes per atomic batch. With --npy and 256 or more: one bulk load,
+    /// written straight to the data files and durable before its lines are
+    /// printed (each costs a checkpoint); otherwise one WAL record.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=65535))]
     pub batch: u32,
-    /// When to fsync the WAL (--reference-json; a --npy import bypasses the
-    /// WAL). Whatever the choice, the import ends with a checkpoint.
+    /// When to fsync the WAL (a --npy import with --batch >= 256 bypasses
+    /// it). Whatever the choice, the import ends with a checkpoint.
     #[arg(long, value_enum, default_value_t = SyncArg::None)]
     pub sync: SyncArg,
     /// Skip the check of every row before writing: a bad row then rejects

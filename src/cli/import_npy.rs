@@ -1,7 +1,8 @@
 //! `deltamem import --npy`: one node per matrix row, in batches stored by
-//! `Bank::load` (each batch atomic and durable when its lines go out, the
-//! vectors written once, straight to their segments, not through the
-//! WAL), one line per row on stdout in row order.
+//! `Bank::load_column` (each batch atomic and durable when its lines go
+//! out, the vectors written once, straight to their segments, not through
+//! the WAL; below `LOAD_MIN_BATCH_ROWS` rows per batch, one WAL record
+//! each instead), one line per row on stdout in row order.
 //!
 //! What happens to bad rows (NaN or infinite components, all-zero vectors,
 //! bad META lines): by default every row is checked before anything is
@@ -295,7 +296,7 @@ impl<W: Write> Session<W> {
             .into_iter()
             .filter_map(|(_, n)| n.ok().map(Change::Insert))
             .collect();
-        match bank.load_column(&changes, column) {
+        match store_batch(bank, &changes, column, ctx.load) {
             Ok(acks) => {
                 for (ack, change) in acks.into_iter().zip(changes) {
                     let (ChangeAck::Inserted(ack), Change::Insert(node)) = (ack, change) else {
@@ -321,6 +322,34 @@ struct Ctx<'a> {
     npy: &'a Path,
     meta: Option<&'a Path>,
     progress: &'a Progress,
+    /// Batches go in as bulk loads (else as WAL records).
+    load: bool,
+}
+
+/// Below this `--batch`, batches go through the WAL: a load costs a whole
+/// checkpoint (about five fsyncs) per batch, more than it saves on a few
+/// rows.
+const LOAD_MIN_BATCH_ROWS: u32 = 256;
+
+/// One batch: a bulk load from the column, or a WAL transaction of the
+/// same nodes with their embeddings attached.
+fn store_batch(bank: &mut Bank, changes: &[Change], column: &[f32], load: bool) -> Result<Vec<ChangeAck>, BankError> {
+    if load {
+        return bank.load_column(changes, column);
+    }
+    let dim = bank.dim_count() as usize;
+    let whole: Vec<Change> = changes
+        .iter()
+        .zip(column.chunks(dim.max(1)))
+        .map(|(c, v)| match c {
+            Change::Insert(node) => Change::Insert(NewNode {
+                embedding: v.to_vec(),
+                ..node.clone()
+            }),
+            other => other.clone(),
+        })
+        .collect();
+    bank.transact(&whole, None)
 }
 
 /// Checks the matrix and META against each other and the bank.
@@ -389,6 +418,7 @@ fn import_rows(args: &ImportArgs, npy: &Path, quiet: bool, bank: &mut Bank) -> a
         npy,
         meta: args.meta.as_deref(),
         progress: &progress,
+        load: args.batch >= LOAD_MIN_BATCH_ROWS,
     };
     // Two stages on two cores: this thread stores batch k while a reader
     // decodes batch k+1 (reading and building nodes is a third of the

@@ -65,6 +65,9 @@ pub struct NpyRowReader {
     /// Raw bytes of f16 rows before conversion (reused between batches).
     raw: Vec<u16>,
     rows_read: u64,
+    /// A read failed part-way: the file position no longer matches
+    /// `rows_read`, so every later read fails too.
+    failed: bool,
 }
 
 /// Returns the data offset and the header text.
@@ -208,6 +211,7 @@ impl NpyRowReader {
             big_endian,
             raw: Vec::new(),
             rows_read: 0,
+            failed: false,
         })
     }
 
@@ -223,6 +227,13 @@ impl NpyRowReader {
     /// Appends up to `max_rows` rows (row after row) to `out` as f32;
     /// returns how many were read (0 at the end).
     pub fn read_rows(&mut self, max_rows: usize, out: &mut Vec<f32>) -> Result<usize, InteropError> {
+        if self.failed {
+            return Err(InteropError::Row {
+                file: self.path.display().to_string(),
+                row: self.rows_read,
+                detail: "an earlier read of this file failed".into(),
+            });
+        }
         let rows = (max_rows as u64).min(self.info.row_count - self.rows_read) as usize;
         let values = rows * self.info.dim_count;
         let start = out.len();
@@ -250,6 +261,7 @@ impl NpyRowReader {
         };
         if let Err(e) = read {
             out.truncate(start);
+            self.failed = true;
             // The size was checked at open: a short read means the file
             // changed under us.
             return Err(InteropError::Row {

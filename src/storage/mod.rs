@@ -184,19 +184,40 @@ pub fn read_all(storage: &dyn Storage, name: &str) -> Result<Vec<u8>, StorageErr
 /// Writes `bytes` as the new content of `name` atomically: temp file,
 /// fsync, rename, directory fsync. A crash leaves the old or the new file.
 pub fn replace_atomically(storage: &dyn Storage, name: &str, tmp: &str, bytes: &[u8]) -> Result<(), StorageError> {
+    replace_atomically_reporting(storage, name, tmp, bytes).map_err(|(e, _)| e)
+}
+
+/// As [`replace_atomically`]; a failure also says whether the rename had
+/// happened (then only the directory fsync failed: the new file is in
+/// place for this machine's running kernel, and may or may not survive a
+/// power loss).
+pub fn replace_atomically_reporting(
+    storage: &dyn Storage,
+    name: &str,
+    tmp: &str,
+    bytes: &[u8],
+) -> Result<(), (StorageError, bool)> {
     let desc = storage.describe(tmp);
+    let before = |e| (e, false);
     let file = storage
         .open(tmp, OpenMode::Create)
-        .map_err(StorageError::io("create", desc.clone()))?;
-    file.set_len(0).map_err(StorageError::io("truncate", desc.clone()))?;
+        .map_err(StorageError::io("create", desc.clone()))
+        .map_err(before)?;
+    file.set_len(0)
+        .map_err(StorageError::io("truncate", desc.clone()))
+        .map_err(before)?;
     file.write_all_at(bytes, 0)
-        .map_err(StorageError::io("write", desc.clone()))?;
-    file.sync_data().map_err(StorageError::io("fsync", desc))?;
+        .map_err(StorageError::io("write", desc.clone()))
+        .map_err(before)?;
+    file.sync_data()
+        .map_err(StorageError::io("fsync", desc))
+        .map_err(before)?;
     drop(file);
     storage
         .rename(tmp, name)
-        .map_err(StorageError::io("rename", storage.describe(name)))?;
+        .map_err(StorageError::io("rename", storage.describe(name)))
+        .map_err(before)?;
     storage
         .sync_dir()
-        .map_err(StorageError::io("fsync directory", storage.describe(".")))
+        .map_err(|e| (StorageError::io("fsync directory", storage.describe("."))(e), true))
 }
