@@ -290,7 +290,7 @@ impl Bank {
         }
         let count = self.base.node_count;
         let rps = self.base.rows_per_segment;
-        if count % rps == 0 || !self.manifest.is_frozen() {
+        if count.is_multiple_of(rps) || !self.manifest.is_frozen() {
             return Ok(());
         }
         let segment = count / rps;

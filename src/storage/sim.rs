@@ -89,6 +89,9 @@ fn eio(what: &str) -> io::Error {
 pub struct Rng(pub u64);
 
 impl Rng {
+    // Not an Iterator: the stream never ends, and callers draw one value
+    // at a time alongside `next_f32`.
+    #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
