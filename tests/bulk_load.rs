@@ -2,10 +2,14 @@
 //! of the same changes, durable without the WAL, all or nothing, and only
 //! for changes that add nodes. (Crash points of loads are in crash.rs.)
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use common::crashkit::as_column;
 use deltamem::format::manifest::Precision;
+use deltamem::storage::sim::Rng;
 use deltamem::{
     Attach, Bank, BankConfig, BankError, Change, ChangeAck, ImportedState, Label, NewNode, NodeRef, OpenOptions,
     Payload,
@@ -72,24 +76,6 @@ fn wal_size_bytes(dir: &Path) -> u64 {
     std::fs::metadata(dir.join("wal.log")).unwrap().len()
 }
 
-fn split_column(changes: &[Change]) -> (Vec<Change>, Vec<f32>) {
-    let mut column = Vec::new();
-    let stripped = changes
-        .iter()
-        .map(|c| match c {
-            Change::Insert(n) => {
-                column.extend_from_slice(&n.embedding);
-                Change::Insert(NewNode {
-                    embedding: Vec::new(),
-                    ..n.clone()
-                })
-            }
-            other => other.clone(),
-        })
-        .collect();
-    (stripped, column)
-}
-
 #[test]
 fn a_load_stores_what_a_transaction_stores_and_skips_the_wal() {
     for precision in [Precision::F32, Precision::F16, Precision::Int8] {
@@ -111,7 +97,7 @@ fn a_load_stores_what_a_transaction_stores_and_skips_the_wal() {
         let changes = inserts(3..23);
         let acks_logged = logged.transact(&changes, None).unwrap();
         let acks_loaded = loaded.load(&changes).unwrap();
-        let (stripped, column) = split_column(&changes);
+        let (stripped, column) = as_column(&changes);
         let acks_column = by_column.load_column(&stripped, &column).unwrap();
         let ids = |acks: &[ChangeAck]| -> Vec<_> {
             acks.iter()
@@ -196,7 +182,7 @@ fn a_load_is_all_or_nothing_and_names_the_bad_item() {
 fn a_column_must_fit_the_changes() {
     let dir = tempfile::tempdir().unwrap();
     let mut bank = Bank::create_dir(dir.path(), config(Precision::F32)).unwrap();
-    let (stripped, column) = split_column(&inserts(0..3));
+    let (stripped, column) = as_column(&inserts(0..3));
     let short = &column[..column.len() - 1];
     assert!(matches!(
         bank.load_column(&stripped, short),
@@ -324,20 +310,14 @@ fn a_failed_load_shows_what_a_restart_finds() {
     assert_eq!(clean, 1);
 }
 
-/// A row of `dim` components from a xorshift of `k`, and (with `bulky`)
+/// A row of `dim` components drawn from a generator seeded by `k`, and (with `bulky`)
 /// a 3,000-letter field, so a load's payloads exceed one 4 MiB write.
 fn wide_node(k: usize, dim: usize, bulky: bool) -> NewNode {
-    let mut state = (k as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
-    let embedding = (0..dim).map(|_| (next() % 2000) as f32 / 1000.0 - 1.0).collect();
+    let mut rng = Rng((k as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let embedding = (0..dim).map(|_| rng.next_f32() * 2.0 - 1.0).collect();
     let mut fields = BTreeMap::new();
     if bulky {
-        let text: String = (0..3000).map(|_| char::from(b'a' + (next() % 26) as u8)).collect();
+        let text: String = (0..3000).map(|_| char::from(b'a' + (rng.next() % 26) as u8)).collect();
         fields.insert("trajectory".to_string(), text);
     }
     NewNode {

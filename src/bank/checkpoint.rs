@@ -64,8 +64,7 @@ impl Bank {
                 .map_err(StorageError::io("fsync directory", storage.describe("")))
                 .map_err(|e| before(e.into()))?;
         }
-        let writer = self.writer.as_ref().expect("writer");
-        let last_lsn = writer.wal.next_lsn() - 1;
+        let last_lsn = self.last_lsn();
         let manifest = Manifest {
             sequence: self.manifest.sequence + 1,
             checkpoint_lsn: last_lsn,

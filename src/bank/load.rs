@@ -53,7 +53,7 @@ impl Bank {
         if txn.undo.is_empty() {
             return Ok(txn.acks);
         }
-        let lsn = self.writer.as_ref().map_or(0, |w| w.wal.next_lsn() - 1);
+        let lsn = self.last_lsn();
         // Any failure poisons the bank (the checkpoint's rule); what the
         // handle shows afterwards follows what is on disk.
         match self.checkpoint_reporting() {

@@ -444,7 +444,7 @@ impl Bank {
         self.check_writable()?;
         let ops = self.prepare_retrievals(indexes)?;
         if ops.is_empty() {
-            return Ok(self.writer.as_ref().map_or(0, |w| w.wal.next_lsn() - 1));
+            return Ok(self.last_lsn());
         }
         self.commit(ops, None)
     }

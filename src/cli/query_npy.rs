@@ -119,8 +119,7 @@ fn answer_rows(bank: &Bank, q: &NpyQuery, first: u64, values: &[f32], dim: usize
         let batched = if block.iter().any(|r| row_problem(r).is_some()) {
             None
         } else {
-            let owned: Vec<Vec<f32>> = block.iter().map(|r| r.to_vec()).collect();
-            bank.query_batch(q.tree, &owned, &q.options).ok()
+            bank.query_batch(q.tree, block, &q.options).ok()
         };
         match batched {
             Some(all) => answers.extend(

@@ -248,7 +248,7 @@ pub fn run_op(bank: &mut Bank, op: &Op) -> Result<Option<u64>, BankError> {
 }
 
 /// The inserts without their embeddings, and the embeddings as a column.
-fn as_column(changes: &[Change]) -> (Vec<Change>, Vec<f32>) {
+pub fn as_column(changes: &[Change]) -> (Vec<Change>, Vec<f32>) {
     let mut column = Vec::new();
     let stripped = changes
         .iter()

@@ -270,15 +270,15 @@ impl Bank {
     /// the column scores up to `kernels::MAX_BLOCK` of them, so a batch
     /// reads the column once per block instead of once per query. The
     /// answers equal one `query` per embedding.
-    pub fn query_batch(
+    pub fn query_batch<E: AsRef<[f32]>>(
         &self,
         tree_name: &str,
-        embeddings: &[Vec<f32>],
+        embeddings: &[E],
         options: &QueryOptions,
     ) -> Result<Vec<Vec<Match>>, BankError> {
         let mut out = Vec::with_capacity(embeddings.len());
         for block in embeddings.chunks(MAX_BLOCK) {
-            let refs: Vec<&[f32]> = block.iter().map(|e| e.as_slice()).collect();
+            let refs: Vec<&[f32]> = block.iter().map(|e| e.as_ref()).collect();
             out.extend(self.query_block(tree_name, &refs, options)?);
         }
         Ok(out)
