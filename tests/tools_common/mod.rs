@@ -81,16 +81,11 @@ pub fn bank(dim: u32, extra: &[&str]) -> (tempfile::TempDir, PathBuf) {
     (dir, path)
 }
 
-/// The reference implementation's banks (shared/, beside the repo).
+/// The reference implementation's banks, kept in the repository
+/// (`tests/fixtures/reference/README.md` gives their origin).
 pub fn reference_fixture(name: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/fixtures/deltamem-reference")
-        .join(name);
-    assert!(
-        path.exists(),
-        "fixture {} is missing (shared/ must sit beside the repo)",
-        path.display()
-    );
+    let path = local_fixture("reference").join(name);
+    assert!(path.exists(), "fixture {} is missing", path.display());
     path
 }
 
