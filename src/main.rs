@@ -160,13 +160,18 @@ enum Command {
     /// Record a finished episode: extract with the LLM, place the nodes,
     /// count hits, consolidate (feature `agent`).
     Record(cli::agent::RecordArgs),
-    /// Walk through the agent loop on a scripted run with a toy embedder.
+    /// Walk through the agent loop: a recorded ScienceWorld run replayed
+    /// with MiniLM embeddings (feature `agent` and its assets), else a
+    /// scripted run with a toy embedder.
     Demo {
         /// Where to create the demo bank (default: a temporary directory).
         dir: Option<PathBuf>,
         /// Keep the temporary bank instead of removing it at the end.
         #[arg(long)]
         keep: bool,
+        /// Run the toy demo even when the real one could run.
+        #[arg(long)]
+        toy: bool,
     },
 }
 
@@ -234,7 +239,7 @@ fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Embed(args) => cli::agent::embed(&args),
         Command::Retrieve(args) => cli::agent::retrieve(&args),
         Command::Record(args) => cli::agent::record(&args),
-        Command::Demo { dir, keep } => cli::demo::run(dir.as_deref(), keep, quiet),
+        Command::Demo { dir, keep, toy } => cli::demo::run(dir.as_deref(), keep, quiet, toy),
     }
 }
 

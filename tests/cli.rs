@@ -521,7 +521,7 @@ fn verify_passes_then_reports_a_flipped_byte() {
 
 #[test]
 fn demo_runs_and_consolidates() {
-    let run = ok(&["demo"], "");
+    let run = ok(&["demo", "--toy"], "");
     assert!(run.stdout.contains("consolidation"), "{}", run.stdout);
     assert!(run.stdout.contains("toy embedder"));
     assert!(run.stdout.contains("└─"));
@@ -531,7 +531,7 @@ fn demo_runs_and_consolidates() {
 
     let dir = tempfile::tempdir().unwrap();
     let kept = dir.path().join("demo");
-    ok(&["demo", s(&kept), "--quiet"], "");
+    ok(&["demo", s(&kept), "--quiet", "--toy"], "");
     let checked = ok(&["verify", s(&kept)], "");
     assert!(checked.stdout.starts_with("ok: "));
     let consolidated = ok(&["dump", s(&kept)], "")

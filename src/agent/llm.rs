@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use thiserror::Error;
 
+use super::prompts::PromptKind;
+
 /// Environment variables read by [`LlmConfig::from_env`].
 pub const ENV_BASE_URL: &str = "DELTAMEM_LLM_BASE_URL";
 pub const ENV_MODEL: &str = "DELTAMEM_LLM_MODEL";
@@ -172,12 +174,34 @@ impl ChatMessage {
     }
 }
 
+/// Why the memory loop asks: which prompt, for which episode, over which
+/// chain. A real model needs only the messages; a stand-in (the replay of
+/// a recorded run, `super::replay`) answers from this without parsing
+/// prompt text, so prompt wording can change without breaking it.
+#[derive(Debug, Clone, Copy)]
+pub struct PromptPurpose<'a> {
+    pub kind: PromptKind,
+    /// The episode's caller-given id (None for distillation, which serves
+    /// a node rather than an episode).
+    pub episode: Option<&'a str>,
+    /// The scenario text of the entry to write (the episode's task or env
+    /// text; for distillation, the due node's scenario).
+    pub scenario: &'a str,
+    /// The rendered chain shown to the model (residual and distill kinds).
+    pub chain: Option<&'a str>,
+}
+
 /// Anything that answers a chat: the HTTP client, or a scripted stand-in.
 pub trait ChatModel {
     /// The assistant's reply text.
     fn complete(&self, messages: &[ChatMessage]) -> Result<String, LlmError>;
     /// Names the model in provenance records.
     fn model_id(&self) -> String;
+    /// The memory loop's entry point: by default the messages alone decide.
+    fn answer(&self, purpose: &PromptPurpose<'_>, messages: &[ChatMessage]) -> Result<String, LlmError> {
+        let _ = purpose;
+        self.complete(messages)
+    }
 }
 
 /// The HTTP chat-completions client.

@@ -27,7 +27,7 @@ use serde_json::json;
 use thiserror::Error;
 
 use super::embed::{EmbedError, Embedder, TextRole};
-use super::llm::{ChatModel, LlmError};
+use super::llm::{ChatModel, LlmError, PromptPurpose};
 use super::prompts::{
     DomainProfile, EpisodeView, PromptKind, TreeKind, distill_messages, extraction_messages, fields_from_reply,
     render_for_distill, shorten_trajectory,
@@ -516,8 +516,9 @@ impl MemoryLoop {
         };
         let task_kind = PromptKind::for_extraction(TreeKind::Task, task_plan.chain.is_some(), episode.success);
         let env_kind = PromptKind::for_extraction(TreeKind::Env, env_plan.chain.is_some(), episode.success);
-        let task_fields = self.extract(task_kind, &view, task_plan.rendered.as_deref())?;
-        let env_fields = self.extract(env_kind, &view, env_plan.rendered.as_deref())?;
+        let episode_id = episode.id.as_deref();
+        let task_fields = self.extract(task_kind, &view, &task_plan, episode_id)?;
+        let env_fields = self.extract(env_kind, &view, &env_plan, episode_id)?;
 
         // 3. Commit.
         let mut bank = self.open_writer()?;
@@ -625,7 +626,13 @@ impl MemoryLoop {
             &snapshot.scenario,
             &snapshot.rendered,
         );
-        let reply = match self.llm.complete(&messages) {
+        let purpose = PromptPurpose {
+            kind,
+            episode: None,
+            scenario: &snapshot.scenario,
+            chain: Some(&snapshot.rendered),
+        };
+        let reply = match self.llm.answer(&purpose, &messages) {
             Ok(r) => r,
             Err(e) => return failed(format!("{} prompt: {e}", kind.id())),
         };
@@ -720,10 +727,18 @@ impl MemoryLoop {
         &self,
         kind: PromptKind,
         view: &EpisodeView<'_>,
-        chain: Option<&str>,
+        plan: &TreePlan,
+        episode: Option<&str>,
     ) -> Result<Option<BTreeMap<String, String>>, AgentError> {
+        let chain = plan.rendered.as_deref();
         let messages = extraction_messages(kind, &self.config.profile, view, chain);
-        let reply = self.llm.complete(&messages).map_err(|source| AgentError::Llm {
+        let purpose = PromptPurpose {
+            kind,
+            episode,
+            scenario: &plan.scenario,
+            chain,
+        };
+        let reply = self.llm.answer(&purpose, &messages).map_err(|source| AgentError::Llm {
             prompt: kind.id(),
             source,
         })?;

@@ -8,6 +8,8 @@
 //! - [`reply`]: robust extraction of one JSON object from an LLM reply.
 //! - [`prompts`]: the extraction and consolidation prompts and the
 //!   per-benchmark [`DomainProfile`]s.
+//! - [`replay`]: [`ReplayChat`], a chat model answering the loop's prompts
+//!   with what an LLM wrote during a recorded run (offline demos, tests).
 //! - [`memory_loop`]: [`MemoryLoop`] with `retrieve` (before an episode)
 //!   and `record` (after it), returning serde-serialisable results.
 //!
@@ -17,13 +19,15 @@ pub mod embed;
 pub mod llm;
 pub mod memory_loop;
 pub mod prompts;
+pub mod replay;
 pub mod reply;
 
 pub use embed::{EmbedError, Embedder, OnnxConfig, OnnxEmbedder, Pooling, TextRole};
-pub use llm::{ChatMessage, ChatModel, HttpChat, LlmConfig, LlmError};
+pub use llm::{ChatMessage, ChatModel, HttpChat, LlmConfig, LlmError, PromptPurpose};
 pub use memory_loop::{
     AgentConfig, AgentError, ConsolidationOutcome, ConsolidationStatus, Embedding, Episode, HitCount, MatchedChain,
     MemoryLoop, RecordOutcome, Retrieval, TreeWrite, WriteAction, embed_text,
 };
 pub use prompts::{DomainProfile, PromptKind, TreeKind};
+pub use replay::ReplayChat;
 pub use reply::{Reply, ReplyError};

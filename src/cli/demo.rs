@@ -1,5 +1,7 @@
-//! `deltamem demo`: the agent loop of the paper, replayed from a script
-//! on a fresh bank with a toy embedder, narrated step by step.
+//! `deltamem demo`: the agent loop of the paper on a fresh bank, narrated
+//! step by step. With the `agent` feature and its assets, the real demo
+//! runs (`demo_real.rs`); otherwise, or with `--toy`, this toy one: a
+//! scripted run with a toy embedder.
 //!
 //! Per episode: retrieve from both trees (task text, env text), let the
 //! scripted agent act, write one node per tree with the attachment rule,
@@ -252,12 +254,35 @@ fn fresh_temp_dir() -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-pub fn run(dir: Option<&Path>, keep: bool, quiet: bool) -> anyhow::Result<Status> {
+/// The real demo's embedder, or why it cannot run.
+#[cfg(feature = "agent")]
+fn real_demo() -> Result<deltamem::agent::OnnxEmbedder, String> {
+    super::demo_real::embedder()
+}
+
+#[cfg(not(feature = "agent"))]
+fn real_demo() -> Result<std::convert::Infallible, String> {
+    Err("this deltamem was built without the `agent` feature".into())
+}
+
+/// The real demo (recorded ScienceWorld episodes, MiniLM embeddings,
+/// replayed LLM answers) when it can run, else the toy one, which says why
+/// and how to get the real one; `toy` asks for the toy one.
+pub fn run(dir: Option<&Path>, keep: bool, quiet: bool, toy: bool) -> anyhow::Result<Status> {
+    let real = if toy { Err(String::new()) } else { real_demo() };
     let (path, temporary) = match dir {
         Some(d) => (d.to_path_buf(), false),
         None => (fresh_temp_dir()?, true),
     };
-    let result = run_in(&path, quiet);
+    #[cfg(feature = "agent")]
+    let result = match real {
+        Ok(embedder) => super::demo_real::run_in(&path, embedder, quiet),
+        Err(why) => run_in(&path, quiet, &why),
+    };
+    #[cfg(not(feature = "agent"))]
+    let result = match real {
+        Err(why) => run_in(&path, quiet, &why),
+    };
     if temporary && !keep {
         if let Err(e) = std::fs::remove_dir_all(&path) {
             eprintln!("deltamem: could not remove {}: {e}", path.display());
@@ -268,7 +293,9 @@ pub fn run(dir: Option<&Path>, keep: bool, quiet: bool) -> anyhow::Result<Status
     result
 }
 
-fn run_in(path: &Path, quiet: bool) -> anyhow::Result<Status> {
+/// The toy demo; `why_not_real` (empty when the toy was asked for) says
+/// why the real one is not running.
+fn run_in(path: &Path, quiet: bool, why_not_real: &str) -> anyhow::Result<Status> {
     let started = Instant::now();
     let bank = Bank::create_dir(path, demo_config())
         .with_context(|| format!("cannot create the demo bank in {}", path.display()))?;
@@ -281,10 +308,17 @@ fn run_in(path: &Path, quiet: bool) -> anyhow::Result<Status> {
         "deltamem demo: bank in {}\n\
          NOTE: vectors come from a toy embedder (hashed words and character trigrams, \
          {TOY_DIM_COUNT} dims); it matches spelling, not meaning. Real embeddings are \
-         supplied by the caller (or by the `agent` feature, later).\n\
+         supplied by the caller (or by the `agent` feature).\n\
          trees task and env, tau {DEMO_TAU}, D_max {DEMO_MAX_DEPTH}, K_cons {DEMO_CONSOLIDATE_AFTER}\n",
         path.display()
     ))?;
+    if !why_not_real.is_empty() {
+        demo.say(format!(
+            "This is the toy demo: {why_not_real}. The real one replays a recorded ScienceWorld \
+             run with MiniLM embeddings; tools/setup.sh fetches the assets and builds it \
+             (cargo build --release --features agent).\n"
+        ))?;
+    }
     for (i, ep) in EPISODES.iter().enumerate() {
         demo.episode(i + 1, ep).with_context(|| format!("episode {}", i + 1))?;
     }

@@ -9,12 +9,9 @@ use deltamem::{Bank, BankError};
 /// Scenario text longer than this is cut, to keep one node per line.
 const SCENARIO_MAX_CHARS: usize = 44;
 
+/// One line per node: a scenario's own line breaks would break the tree.
 fn short(text: &str) -> String {
-    let mut cut: String = text.chars().take(SCENARIO_MAX_CHARS).collect();
-    if text.chars().count() > SCENARIO_MAX_CHARS {
-        cut.push('…');
-    }
-    cut
+    super::picture::one_line(text, SCENARIO_MAX_CHARS + 1)
 }
 
 fn node_line(bank: &Bank, row: &Row) -> Result<String, BankError> {

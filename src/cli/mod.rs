@@ -3,6 +3,8 @@
 
 pub mod agent;
 pub mod demo;
+#[cfg(feature = "agent")]
+pub mod demo_real;
 pub mod draw;
 pub mod embed;
 pub mod episodes;
