@@ -112,3 +112,81 @@ fn record_then_retrieve_through_the_binary() {
         "{context}"
     );
 }
+
+/// Runs `record` without `--json` and returns its stdout.
+fn record_summary(bank: &str, episode: &Value, server: &Server, dir: &Path) -> String {
+    let file = dir.join("episode.json");
+    std::fs::write(&file, episode.to_string()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+        .args(["record", bank, "--episode", file.to_str().unwrap()])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("DELTAMEM_LLM_BASE_URL", &server.url)
+        .env("DELTAMEM_LLM_MODEL", "scripted")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn record_without_json_prints_a_summary() {
+    if !assets_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bank = dir.path().join("bank");
+    let bank = bank.to_str().unwrap();
+    // K_cons 1 and D_max 2, so the second episode's hit makes node 2 due.
+    deltamem(
+        &[
+            "init",
+            bank,
+            "--dim",
+            "384",
+            "--consolidate-after",
+            "1",
+            "--max-depth",
+            "2",
+        ],
+        None,
+    );
+    let skill = json!({"activation_condition": "boiling", "execution_procedure": "1. heat", "termination_condition": "it boils"});
+    let facts = json!({"activation_condition": "a kitchen", "content": "the stove is left of the sink"});
+    let episode = |success: bool, task: Option<Vec<u32>>, env: Option<Vec<u32>>| {
+        json!({"task_text": "boil water", "env_text": "a kitchen with a stove", "trajectory": "heat the pot",
+               "success": success, "retrieved_task": task, "retrieved_env": env})
+    };
+    let server = Server::start(vec![content(&skill.to_string()), content(&facts.to_string())]);
+    let first = record_summary(bank, &episode(false, None, None), &server, dir.path());
+    assert_eq!(
+        first,
+        "task: root, node 0, no parent, depth 1\nenv: root, node 1, no parent, depth 1\n\
+         success hits: none\nconsolidations: none\n"
+    );
+    let server = Server::start(vec![content(&skill.to_string()), content(r#"{"skip": true}"#)]);
+    let second = record_summary(bank, &episode(false, Some(vec![0]), Some(vec![1])), &server, dir.path());
+    assert_eq!(
+        second,
+        "task: residual, node 2, parent 0, depth 2\nenv: skip, nothing written (matched node 1)\n\
+         success hits: none\nconsolidations: none\n"
+    );
+    let distilled = json!({"activation_condition": "boiling", "execution_procedure": "1. heat\n2. wait"});
+    let server = Server::start(vec![
+        content(&skill.to_string()),
+        content(&facts.to_string()),
+        content(&distilled.to_string()),
+    ]);
+    let third = record_summary(
+        bank,
+        &episode(true, Some(vec![0, 2]), Some(vec![1])),
+        &server,
+        dir.path(),
+    );
+    assert_eq!(
+        third,
+        "task: residual, node 3, parent 0, depth 2 (beside node 2, which is at the depth limit)\n\
+         env: residual, node 4, parent 1, depth 2\n\
+         success hits: task node 2 now 1, due for consolidation; env node 1 now 1\n\
+         consolidations: task node 2 into new root 5\n"
+    );
+}

@@ -87,7 +87,8 @@ pub use disabled::{embed, record, retrieve};
 mod enabled {
     use anyhow::Context;
     use deltamem::agent::{
-        AgentConfig, DomainProfile, Episode, HttpChat, MemoryLoop, OnnxEmbedder, TextRole, embed_text,
+        AgentConfig, ConsolidationOutcome, ConsolidationStatus, DomainProfile, Episode, HttpChat, MemoryLoop,
+        OnnxEmbedder, RecordOutcome, TextRole, TreeWrite, WriteAction, embed_text,
         memory_loop::retrieve as retrieve_chains,
     };
 
@@ -140,12 +141,69 @@ mod enabled {
         if args.json {
             write_json_line(&mut std::io::stdout().lock(), &outcome)?;
         } else {
-            println!("task: {:?}", outcome.task);
-            println!("env: {:?}", outcome.env);
-            println!("success hits: {:?}", outcome.success_hits);
-            println!("consolidations: {:?}", outcome.consolidations);
+            super::super::emit(summary(&outcome).trim_end())?;
         }
         Ok(Status::Ok)
+    }
+
+    /// "task: residual, node 7, parent 3, depth 3" for one tree's write.
+    fn write_line(w: &TreeWrite) -> String {
+        let matched = w.matched.map_or(String::new(), |m| format!(" (matched node {m})"));
+        match (w.action, w.node) {
+            (WriteAction::Skip, _) | (_, None) => format!("{}: skip, nothing written{matched}", w.tree),
+            (action, Some(node)) => {
+                let parent = w.parent.map_or("no parent".to_string(), |p| format!("parent {p}"));
+                let depth = w.depth.map_or(String::new(), |d| format!(", depth {d}"));
+                let beside = match (w.beside_match, w.matched) {
+                    (true, Some(m)) => format!(" (beside node {m}, which is at the depth limit)"),
+                    _ => String::new(),
+                };
+                let action = if action == WriteAction::Root {
+                    "root"
+                } else {
+                    "residual"
+                };
+                format!("{}: {action}, node {node}, {parent}{depth}{beside}", w.tree)
+            }
+        }
+    }
+
+    fn consolidation_text(c: &ConsolidationOutcome) -> String {
+        match (c.status, c.new_root) {
+            (ConsolidationStatus::Done, Some(root)) => format!("{} node {} into new root {root}", c.tree, c.node),
+            (status, _) => format!(
+                "{} node {} not consolidated ({}: {})",
+                c.tree,
+                c.node,
+                match status {
+                    ConsolidationStatus::AlreadyConsolidated => "already consolidated",
+                    _ => "failed",
+                },
+                c.reason.as_deref().unwrap_or("no reason given")
+            ),
+        }
+    }
+
+    /// What `record` prints without `--json`: one line per tree, then the
+    /// success hits and the consolidations.
+    fn summary(outcome: &RecordOutcome) -> String {
+        let hits: Vec<String> = outcome
+            .success_hits
+            .iter()
+            .map(|h| {
+                let due = if h.due { ", due for consolidation" } else { "" };
+                format!("{} node {} now {}{due}", h.tree, h.node, h.success_hits)
+            })
+            .collect();
+        let consolidations: Vec<String> = outcome.consolidations.iter().map(consolidation_text).collect();
+        let or_none = |v: Vec<String>| if v.is_empty() { "none".to_string() } else { v.join("; ") };
+        format!(
+            "{}\n{}\nsuccess hits: {}\nconsolidations: {}\n",
+            write_line(&outcome.task),
+            write_line(&outcome.env),
+            or_none(hits),
+            or_none(consolidations)
+        )
     }
 }
 
