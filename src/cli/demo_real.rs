@@ -65,7 +65,7 @@ struct Recorded {
 }
 
 /// The recorded run: its episodes, and both reference trees for the
-/// comparison (node `i` of each tree is episode `order[i]`).
+/// comparison.
 struct Run {
     episodes: Vec<Recorded>,
     task: ReferenceTree,
@@ -193,7 +193,7 @@ fn room_gist(text: &str) -> String {
     one_line(room.unwrap_or(&flat), 14)
 }
 
-/// "#0>#4 .731" for a retrieval, "-" for none.
+/// "#0>#4 0.731" for a retrieval (chain and score), "no match" for none.
 fn retrieved(found: Option<&deltamem::agent::MatchedChain>) -> String {
     match found {
         None => "no match".to_string(),
