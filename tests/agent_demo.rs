@@ -5,6 +5,8 @@
 //! traced back to exactly one of them; the printed scores are recomputed
 //! with the library's embedder; `verify` must be clean. Needs the agent
 //! assets: skipped without them unless DELTAMEM_REQUIRE_ASSETS is set.
+//! Also: with the assets pointed elsewhere, the toy demo runs and says how
+//! to get the real one.
 #![cfg(feature = "agent")]
 
 use std::collections::BTreeMap;
@@ -234,4 +236,31 @@ fn replay_traces_every_node_to_one_recorded_episode() {
         (cosine - penalty - score).abs() < 0.002,
         "episode {line_no}: printed {score}, MiniLM gives {cosine} - {penalty}"
     );
+}
+
+#[test]
+fn without_the_assets_the_toy_demo_runs_and_says_how_to_get_the_real_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_deltamem"));
+    cmd.args(["demo", dir.path().join("demo").to_str().unwrap()])
+        .current_dir(dir.path())
+        .env("DELTAMEM_ASSETS", dir.path().join("no-assets-here"));
+    for var in [
+        "DELTAMEM_ORT_LIB",
+        "ORT_DYLIB_PATH",
+        "DELTAMEM_EMBED_MODEL",
+        "DELTAMEM_EMBED_TOKENIZER",
+    ] {
+        cmd.env_remove(var);
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.contains("toy embedder"), "{stdout}");
+    assert!(
+        stdout.contains("This is the toy demo: the MiniLM assets are not usable"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("tools/setup.sh"), "{stdout}");
+    assert!(!stdout.contains("REPLAYED LLM"), "{stdout}");
 }
