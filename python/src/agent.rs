@@ -337,6 +337,7 @@ impl PyMemoryLoop {
     /// Searches both trees with the task and env texts; returns a dict like
     /// `deltamem retrieve` prints (context, task, env).
     fn retrieve<'py>(&self, py: Python<'py>, task: String, env: String) -> PyResult<Bound<'py, PyAny>> {
+        self.forget_raised();
         let found = py.detach(|| self.lock().retrieve(&task, &env));
         let found = found.map_err(|e| agent_error(py, e, &self.raised))?;
         to_python(py, &found)
@@ -358,13 +359,30 @@ impl PyMemoryLoop {
             let r: deltamem::agent::Retrieval = from_python(py, r, "retrieval")?;
             episode = episode.with_retrieval(&r);
         }
+        self.forget_raised();
         let outcome = py.detach(|| self.lock().record(&episode));
         let outcome = outcome.map_err(|e| agent_error(py, e, &self.raised))?;
         to_python(py, &outcome)
     }
+
+    /// Distils every node of the two trees that is due for consolidation
+    /// (a retry of those whose distillation failed during `record`).
+    fn consolidate_due<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.forget_raised();
+        let outcomes = py.detach(|| self.lock().consolidate_due());
+        let outcomes = outcomes.map_err(|e| agent_error(py, e, &self.raised))?;
+        to_python(py, &outcomes)
+    }
 }
 
 impl PyMemoryLoop {
+    /// An exception a callable raised in an earlier call whose failure the
+    /// loop absorbed (a failed consolidation is reported, not raised) must
+    /// not become the cause of a later, unrelated error.
+    fn forget_raised(&self) {
+        self.raised.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, MemoryLoop> {
         // A panic inside the loop leaves no half-done bank write behind
         // (the bank's own rules), so the loop stays usable.
