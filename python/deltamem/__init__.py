@@ -23,17 +23,8 @@ from ._native import (
     VerifyReport,
     __version__,
 )
-from .errors import (
-    AgentError,
-    ClosedError,
-    CorruptError,
-    Error,
-    InvalidInputError,
-    LockedError,
-    NotFoundError,
-    PoisonedError,
-    ReadOnlyError,
-)
+from . import errors
+from .errors import *  # noqa: F403 - the exception classes, listed in errors.__all__
 
 __all__ = [
     "Bank",
@@ -45,14 +36,6 @@ __all__ = [
     "ConsolidateAck",
     "Problem",
     "VerifyReport",
-    "Error",
-    "LockedError",
-    "CorruptError",
-    "PoisonedError",
-    "ReadOnlyError",
-    "NotFoundError",
-    "InvalidInputError",
-    "ClosedError",
-    "AgentError",
     "__version__",
+    *errors.__all__,
 ]

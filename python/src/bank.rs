@@ -64,12 +64,18 @@ pub struct PyBank {
 }
 
 impl PyBank {
-    fn wrap(bank: Bank, path: PathBuf) -> PyBank {
-        PyBank {
+    /// A handle on the bank `make` creates or opens, without the GIL.
+    fn opened(
+        py: Python<'_>,
+        path: PathBuf,
+        make: impl FnOnce(&std::path::Path) -> Result<Bank, BankError> + Send,
+    ) -> PyResult<PyBank> {
+        let bank = py.detach(|| make(&path)).map_err(|e| errors::bank(py, e))?;
+        Ok(PyBank {
             dim: bank.dim_count(),
             inner: RwLock::new(Some(bank)),
             path,
-        }
+        })
     }
 
     /// Runs `f` on the bank under the read lock, without the GIL.
@@ -187,14 +193,11 @@ impl PyBank {
             )
         })?;
         let policy = args::sync(py, sync)?;
-        let bank = py
-            .detach(|| {
-                let mut bank = Bank::create_dir(&path, config)?;
-                bank.set_sync_policy(policy);
-                Ok::<_, BankError>(bank)
-            })
-            .map_err(|e| errors::bank(py, e))?;
-        Ok(PyBank::wrap(bank, path))
+        PyBank::opened(py, path, |path| {
+            let mut bank = Bank::create_dir(path, config)?;
+            bank.set_sync_policy(policy);
+            Ok(bank)
+        })
     }
 
     /// Opens an existing bank: the writer (one process at a time), or a
@@ -207,14 +210,11 @@ impl PyBank {
             sync: args::sync(py, sync)?,
             ..OpenOptions::default()
         };
-        let bank = py
-            .detach(|| {
-                let mut bank = Bank::open_dir(&path, options)?;
-                bank.set_query_threads(query_threads);
-                Ok::<_, BankError>(bank)
-            })
-            .map_err(|e| errors::bank(py, e))?;
-        Ok(PyBank::wrap(bank, path))
+        PyBank::opened(py, path, |path| {
+            let mut bank = Bank::open_dir(path, options)?;
+            bank.set_query_threads(query_threads);
+            Ok(bank)
+        })
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
