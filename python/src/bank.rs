@@ -258,8 +258,9 @@ impl PyBank {
     }
 
     #[getter]
-    fn closed(&self) -> bool {
-        self.inner.read().map_or(true, |g| g.is_none())
+    fn closed(&self, py: Python<'_>) -> bool {
+        // Without the GIL: a writer may hold the lock for a while.
+        py.detach(|| self.inner.read().map_or(true, |g| g.is_none()))
     }
 
     #[getter]
