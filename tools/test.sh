@@ -3,6 +3,7 @@
 #
 #   Rust: every test, the agent ones included (DELTAMEM_REQUIRE_ASSETS=1
 #   makes a missing asset a failure rather than a skip)
+#   Python: the package's pytest suite in .venv/ (made by tools/setup.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,3 +11,11 @@ step() { echo "== test: $*" >&2; }
 
 step "Rust (cargo test --release --features agent)"
 DELTAMEM_REQUIRE_ASSETS=1 cargo test --release --features agent
+
+# --- Python package: pytest (python/tests) ------------------------------
+# Rebuilds the package first (a no-op when nothing changed), so the tests
+# never run against a stale native module.
+step "Python (pytest python/tests)"
+tools/setup-python.sh
+DELTAMEM_REQUIRE_ASSETS=1 .venv/bin/python -m pytest -q python/tests
+# -----------------------------------------------------------------------

@@ -130,6 +130,10 @@ pub enum LlmError {
         detail: String,
         excerpt: String,
     },
+    /// A chat model other than the HTTP client (a caller's own, e.g. a
+    /// Python callable) failed; not retried here.
+    #[error("chat model {model} failed: {detail}")]
+    Failed { model: String, detail: String },
 }
 
 impl LlmError {
@@ -138,7 +142,7 @@ impl LlmError {
         match self {
             LlmError::Timeout { .. } | LlmError::Connection { .. } => true,
             LlmError::Status { status, .. } => *status == 408 || *status == 409 || *status == 429 || *status >= 500,
-            LlmError::Config(_) | LlmError::BadResponse { .. } => false,
+            LlmError::Config(_) | LlmError::BadResponse { .. } | LlmError::Failed { .. } => false,
         }
     }
 
@@ -147,7 +151,7 @@ impl LlmError {
             LlmError::Timeout { attempts, .. }
             | LlmError::Connection { attempts, .. }
             | LlmError::Status { attempts, .. } => *attempts = n,
-            LlmError::Config(_) | LlmError::BadResponse { .. } => {}
+            LlmError::Config(_) | LlmError::BadResponse { .. } | LlmError::Failed { .. } => {}
         }
     }
 }
