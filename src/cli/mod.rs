@@ -110,6 +110,7 @@ pub fn is_input_error(e: &BankError) -> bool {
             | BankError::BadExternalId { .. }
             | BankError::DuplicateExternalId { .. }
             | BankError::BadConfig(_)
+            | BankError::BadQueryOption(_)
     )
 }
 
