@@ -19,8 +19,8 @@ pub mod tree;
 
 pub use bank::{
     Attach, Bank, BankConfig, BankError, Change, ChangeAck, CompactReport, ConsolidateAck, FreezeReport, HitAck,
-    ImportedState, InsertAck, Match, NewNode, NodeInfo, NodeRef, OpenOptions, Problem, QueryOptions, Stats, SyncPolicy,
-    TreeStats, VerifyReport,
+    ImportedState, InsertAck, Match, NewNode, NodeInfo, NodeRef, OpenOptions, PendingIds, Problem, QueryOptions, Stats,
+    SyncPolicy, TreeStats, VerifyReport,
 };
 pub use format::manifest::TreeSpec;
 pub use format::payload::Payload;

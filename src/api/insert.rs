@@ -2,9 +2,11 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::ApiError;
 use super::fields::{AttachJson, Fields, LabelJson, NodeTypeJson};
-use crate::bank::{InsertAck, NewNode};
+use crate::bank::{Attach, InsertAck, NewNode};
 use crate::format::payload::Payload;
+use crate::format::row::Label;
 
 /// One node to store (an `insert` line, a `POST .../nodes` body).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -78,5 +80,53 @@ impl InsertReply {
             matched: ack.matched.map(|(id, score)| MatchedAt { id, score }),
             external_id,
         }
+    }
+}
+
+/// One line of an `import --npy` META file: what the node of the matrix
+/// row at the same position gets besides its vector. Every key is
+/// optional (null is the same as absent).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RowMeta {
+    /// If given, must name the tree the import writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<String>,
+    /// Default: `row N`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scenario: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Fields>,
+    /// Default: SUCCESS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<LabelJson>,
+    /// Default: root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attach: Option<AttachJson>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+}
+
+impl RowMeta {
+    /// The node of matrix row `row` in an import into `tree`; its
+    /// embedding is left empty (it travels in the import's column).
+    pub fn into_node(self, tree: &str, row: u64) -> Result<NewNode, ApiError> {
+        if let Some(t) = self.tree.as_deref().filter(|t| *t != tree) {
+            return Err(ApiError::Request(format!(
+                "\"tree\" is {t:?}, but this import writes tree {tree:?}"
+            )));
+        }
+        Ok(NewNode {
+            tree: tree.to_string(),
+            attach: self.attach.map_or(Attach::Root, Attach::from),
+            label: self.label.map_or(Label::Success, Label::from),
+            payload: Payload {
+                scenario: self.scenario.unwrap_or_else(|| format!("row {row}")),
+                fields: self.payload.unwrap_or_default().0,
+            },
+            embedding: Vec::new(),
+            external_id: self.id,
+        })
     }
 }

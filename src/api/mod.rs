@@ -26,7 +26,7 @@ use thiserror::Error;
 use crate::bank::BankError;
 
 pub use fields::{AttachJson, Fields, LabelJson, NodeRefJson, NodeTypeJson};
-pub use insert::{InsertReply, InsertRequest, MatchedAt};
+pub use insert::{InsertReply, InsertRequest, MatchedAt, RowMeta};
 pub use node::{ChainNode, ChainReply, ConsolidateReply, ConsolidateRequest, DueReply, HitReply, NodeReply};
 pub use query::{MatchReply, QueryDefaults, QueryReply, QueryRequest, TreeQuery};
 
@@ -56,6 +56,9 @@ pub struct LineError {
 /// Messages name the key at fault (`payload.a`, `embedding[2]`) and, for
 /// broken JSON, the column (a line's only meaningful position).
 pub fn parse_object<T: DeserializeOwned>(text: &str) -> Result<T, ApiError> {
+    if text.trim().is_empty() {
+        return Err(ApiError::Request("empty line: expected a JSON object".into()));
+    }
     if let Some(kind) = non_object_kind(text) {
         return Err(ApiError::Request(format!("expected a JSON object, got {kind}")));
     }

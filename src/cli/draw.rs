@@ -9,8 +9,18 @@ use deltamem::{Bank, BankError};
 /// Scenario text longer than this is cut, to keep one node per line.
 const SCENARIO_MAX_CHARS: usize = 44;
 
+/// The scenario cut to one short line, with control characters (line
+/// breaks, CR, the ESC of terminal escape sequences) written as escapes
+/// (`\n`, `\u{1b}`), as SVG and DOT escape theirs: stored text must not
+/// move the cursor or restyle the terminal.
 fn short(text: &str) -> String {
-    let mut cut: String = text.chars().take(SCENARIO_MAX_CHARS).collect();
+    let mut cut = String::new();
+    for c in text.chars().take(SCENARIO_MAX_CHARS) {
+        match c.is_control() {
+            true => cut.extend(c.escape_default()),
+            false => cut.push(c),
+        }
+    }
     if text.chars().count() > SCENARIO_MAX_CHARS {
         cut.push('…');
     }

@@ -16,7 +16,7 @@ use super::insert::SyncArg;
 use super::progress::Progress;
 use super::{Status, write_json_line};
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 #[command(group(ArgGroup::new("source").required(true).args(["reference_json", "npy"])))]
 pub struct ImportArgs {
     pub bank: PathBuf,

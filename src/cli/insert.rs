@@ -1,4 +1,5 @@
-//! `deltamem insert`: one node per stdin line, one ack per stored node.
+//! `deltamem insert`: one node per stdin line; one output line per input
+//! line, the node's ack or `{"line":N,"error":"..."}`.
 //!
 //! An ack promises durability under the chosen sync policy, so acks wait
 //! in a queue until the WAL has been fsynced past their record. stdin is
@@ -12,7 +13,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
 use anyhow::Context;
-use deltamem::api::{self, InsertReply, InsertRequest};
+use deltamem::api::{self, InsertReply, InsertRequest, LineError};
 use deltamem::{Bank, NewNode, SyncPolicy};
 
 use super::input::{self, Event};
@@ -41,11 +42,19 @@ impl SyncArg {
     }
 }
 
+/// One output line per input line: an ack or why the line stored nothing.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum OutLine {
+    Ack(InsertReply),
+    Error(LineError),
+}
+
 /// The insert loop's state: acks waiting for durability, and counts.
 struct Session<W: Write> {
     out: W,
     policy: SyncPolicy,
-    pending: VecDeque<(u64, InsertReply)>,
+    pending: VecDeque<(u64, OutLine)>,
     stored: u64,
     rejected: u64,
 }
@@ -74,17 +83,21 @@ impl<W: Write> Session<W> {
         self.flush_ready(u64::MAX)
     }
 
+    /// Reports a line that stored nothing: on stderr, and in its place
+    /// among the acks (after the acks before it, which wait for the sync).
     fn reject(&mut self, number: u64, problem: &str) {
         self.rejected += 1;
         eprintln!("deltamem: line {number}: {problem}");
+        let error = LineError {
+            line: number,
+            error: problem.to_string(),
+        };
+        self.pending.push_back((0, OutLine::Error(error)));
     }
 
     /// Handles one line. Errors returned are fatal (the bank or the disk
     /// failed); problems with the line itself are reported and counted.
     fn handle(&mut self, bank: &mut Bank, number: u64, text: &str) -> anyhow::Result<()> {
-        if text.trim().is_empty() {
-            return Ok(());
-        }
         let node: NewNode = match api::parse_object::<InsertRequest>(text) {
             Ok(request) => request.into(),
             Err(problem) => {
@@ -96,7 +109,8 @@ impl<W: Write> Session<W> {
         match bank.insert(node) {
             Ok(ack) => {
                 self.stored += 1;
-                self.pending.push_back((ack.lsn, InsertReply::new(ack, external_id)));
+                self.pending
+                    .push_back((ack.lsn, OutLine::Ack(InsertReply::new(ack, external_id))));
                 Ok(())
             }
             Err(e) if is_input_error(&e) => {

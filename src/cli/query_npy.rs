@@ -37,7 +37,7 @@ pub struct NpyArgs {
     #[arg(long, requires = "npy", allow_negative_numbers = true)]
     pub tau: Option<f32>,
     /// Failure penalty for --npy queries (default: the bank's eps).
-    #[arg(long, requires = "npy")]
+    #[arg(long, requires = "npy", allow_negative_numbers = true)]
     pub eps: Option<f32>,
     /// Threads answering --npy queries (they share one read-only bank).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256), requires = "npy")]
