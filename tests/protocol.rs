@@ -100,7 +100,7 @@ fn unknown_and_duplicate_keys_are_refused_by_name() {
             "duplicate key \"k\"",
         ),
         (
-            format!(r#"["task","root","SUCCESS","s",{{}},[1,0,0,0]]"#),
+            r#"["task","root","SUCCESS","s",{},[1,0,0,0]]"#.to_string(),
             "expected a JSON object",
         ),
     ];

@@ -413,7 +413,12 @@ fn rereadable(path: &Path) -> anyhow::Result<Option<tempfile::TempPath>> {
         return Ok(None);
     }
     let mut input = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut copy = tempfile::NamedTempFile::new().context("cannot create a temporary file")?;
+    // Messages name the copy: its name says what it is a copy of.
+    let name = path.file_name().map_or("input".into(), |n| n.to_string_lossy());
+    let mut copy = tempfile::Builder::new()
+        .prefix(&format!("deltamem-copy-of-{name}-"))
+        .tempfile()
+        .context("cannot create a temporary file")?;
     std::io::copy(&mut input, &mut copy).with_context(|| format!("cannot read {}", path.display()))?;
     Ok(Some(copy.into_temp_path()))
 }
