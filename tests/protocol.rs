@@ -307,7 +307,9 @@ fn summaries_and_drawings_say_what_they_mean() {
     assert!(run.code == 0 && !run.stderr.contains("0 batches"), "{}", run.stderr);
     ok_insert(&b, &node("red\u{1b}[31m\r\nnext", &[0.0, 1.0, 0.0, 0.0]));
     let text = ok(&["draw", s(&b), "--tree", "task", "--format", "text"]).stdout;
+    // No ESC or CR reaches the terminal, and the node stays on one line
+    // (tree name, first root, this node).
     assert!(!text.contains('\u{1b}') && !text.contains('\r'), "{text:?}");
-    assert!(text.contains(r"red\u{1b}[31m\r\nnext"), "{text}");
+    assert!(text.contains("red") && text.contains("next"), "{text}");
     assert_eq!(text.lines().count(), 3, "{text}");
 }
