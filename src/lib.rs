@@ -5,10 +5,12 @@
 //! [`format`] (pure byte layouts), [`storage`] (files, mmap, WAL, lock),
 //! [`tree`] (the residual-tree rules, pure), [`bank`] (the API), then
 //! [`interop`] (reference JSON, .npy) and `agent` (feature `agent`), which
-//! use the bank API only.
+//! use the bank API only, and [`api`], the JSON requests and replies the
+//! faces (CLI, server, Python binding) share.
 
 #[cfg(feature = "agent")]
 pub mod agent;
+pub mod api;
 pub mod bank;
 pub mod format;
 pub mod interop;
@@ -17,8 +19,8 @@ pub mod tree;
 
 pub use bank::{
     Attach, Bank, BankConfig, BankError, Change, ChangeAck, CompactReport, ConsolidateAck, FreezeReport, HitAck,
-    ImportedState, InsertAck, Match, NewNode, NodeInfo, NodeRef, OpenOptions, Problem, QueryOptions, Stats, SyncPolicy,
-    TreeStats, VerifyReport,
+    ImportedState, InsertAck, Match, NewNode, NodeInfo, NodeRef, OpenOptions, PendingIds, Problem, QueryOptions, Stats,
+    SyncPolicy, TreeStats, VerifyReport,
 };
 pub use format::manifest::TreeSpec;
 pub use format::payload::Payload;

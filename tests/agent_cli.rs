@@ -190,3 +190,53 @@ fn record_without_json_prints_a_summary() {
          consolidations: task node 2 into new root 5\n"
     );
 }
+
+/// Issue 11 item 9: an episode with a misspelt, repeated or positional
+/// field is refused naming it, before any model or LLM is needed.
+#[test]
+fn record_refuses_unknown_repeated_and_positional_episodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let bank = dir.path().join("bank");
+    let init = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+        .args(["init", bank.to_str().unwrap(), "--dim", "4"])
+        .output()
+        .unwrap();
+    assert!(init.status.success());
+    let base = r#""task_text":"t","env_text":"e","trajectory":"x","success":true"#;
+    let cases = [
+        (
+            format!(r#"{{{base},"retreived_task":[0]}}"#),
+            "unknown field `retreived_task`",
+        ),
+        (format!(r#"{{{base},"success":false}}"#), "duplicate field `success`"),
+        (
+            r#"[null,"t","e","x",true]"#.to_string(),
+            "expected a JSON object, got an array",
+        ),
+    ];
+    for (text, words) in cases {
+        let episode = dir.path().join("episode.json");
+        std::fs::write(&episode, &text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+            .args(["record", bank.to_str().unwrap(), "--episode", episode.to_str().unwrap()])
+            .env_remove("DELTAMEM_LLM_BASE_URL")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(words), "{text}: {stderr}");
+    }
+}
+
+/// Issue 11: `retrieve --task ''` names the empty flag (it said "text 0
+/// is empty"), before any model is loaded.
+#[test]
+fn retrieve_names_an_empty_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let bank = dir.path().join("bank");
+    let out = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+        .args(["retrieve", bank.to_str().unwrap(), "--task", " ", "--env", "kitchen"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--task is empty"), "{stderr}");
+}

@@ -418,7 +418,16 @@ fn malformed_middle_line_is_reported_and_skipped() {
     assert_eq!(run.code, 1);
     assert!(run.stderr.contains("line 2"), "{}", run.stderr);
     assert!(!run.stderr.contains("line 1") && !run.stderr.contains("line 3"));
-    assert_eq!(run.lines().len(), 2);
+    // One output line per input line: the bad one gets an error line.
+    let lines = run.lines();
+    assert_eq!(lines.len(), 3);
+    assert_eq!((lines[0]["id"].clone(), lines[2]["id"].clone()), (json!(0), json!(1)));
+    assert_eq!(lines[1]["line"], 2);
+    assert!(
+        lines[1]["error"].as_str().unwrap().contains("malformed JSON"),
+        "{}",
+        lines[1]
+    );
     let scenarios = pluck(&ok(&["dump", s(&b)], "").lines(), "scenario");
     assert_eq!(scenarios, ["one", "three"]);
 }
@@ -457,7 +466,13 @@ fn bad_lines_name_line_and_problem() {
         let text = found.unwrap_or_else(|| panic!("no error for line {line}: {err}"));
         assert!(text.contains(words), "line {line}: {text}");
     }
-    assert!(run.stdout.is_empty());
+    // Each bad line has its error line on stdout too, in order.
+    let lines = run.lines();
+    assert_eq!(lines.len(), expect.len());
+    for (out, (line, words)) in lines.iter().zip(expect) {
+        assert_eq!(out["line"], line);
+        assert!(out["error"].as_str().unwrap().contains(words), "{out}");
+    }
     assert!(ok(&["dump", s(&b)], "").stdout.is_empty());
 }
 

@@ -195,7 +195,8 @@ fn classify(e: &BankError) -> Option<MErr> {
         BankError::EmptyScenario => MErr::EmptyScenario,
         BankError::BadEmbedding(_) => MErr::BadEmbedding,
         BankError::DimensionMismatch { .. } => MErr::DimensionMismatch,
-        BankError::BadConfig(_) => MErr::BadConfig,
+        // Query options out of init's ranges are bad configuration too.
+        BankError::BadConfig(_) | BankError::BadQueryOption(_) => MErr::BadConfig,
         BankError::ReadOnly(_) => MErr::ReadOnly,
         _ => return None,
     })
@@ -1612,13 +1613,12 @@ fn tau_is_inclusive() {
                 ..QueryOptions::default()
             },
         )
-        .unwrap()
-        .iter()
-        .map(|m| m.id)
-        .collect::<Vec<_>>()
+        .map(|found| found.iter().map(|m| m.id).collect::<Vec<_>>())
     };
-    assert_eq!(at(1.0), vec![id]);
-    assert!(at(1.0000001).is_empty());
+    assert_eq!(at(1.0).unwrap(), vec![id]);
+    // Above 1 nothing could match: refused with init's range (issue 11).
+    let e = at(1.0000001).unwrap_err().to_string();
+    assert!(e.contains("outside -1..=1"), "{e}");
 }
 
 // ---------------------------------------------------------------------------

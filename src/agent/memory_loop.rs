@@ -162,6 +162,7 @@ pub struct Retrieval {
 /// One finished episode, as `record` takes it (and as the CLI reads it
 /// from JSON).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Episode {
     /// Caller's id, kept in provenance.
     #[serde(default)]

@@ -25,7 +25,7 @@ use std::time::Instant;
 
 pub use compact::{CompactReport, FreezeReport};
 pub use error::BankError;
-pub use mutate::{Attach, Change, ChangeAck, ConsolidateAck, HitAck, ImportedState, InsertAck, NewNode};
+pub use mutate::{Attach, Change, ChangeAck, ConsolidateAck, HitAck, ImportedState, InsertAck, NewNode, PendingIds};
 pub use open::{BankConfig, OpenOptions};
 pub use scan::{Match, QueryOptions, dot};
 pub use stats::{Stats, TreeStats};

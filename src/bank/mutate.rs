@@ -106,6 +106,22 @@ pub struct ConsolidateAck {
     pub lsn: u64,
 }
 
+/// What `check_content` found a new node's fields to be.
+struct Content {
+    tree: u16,
+    vector: Vec<f32>,
+    external_id: [u8; 16],
+    id_flags: u8,
+}
+
+/// External ids of nodes checked by [`Bank::check_insert`] and not yet
+/// written, with the index each will get.
+#[derive(Debug, Default)]
+pub struct PendingIds {
+    ids: std::collections::HashMap<ExternalKey, u32>,
+    checked: u32,
+}
+
 /// Checks and L2-normalises an embedding.
 pub(crate) fn normalise(embedding: &[f32], dim_count: u32) -> Result<Vec<f32>, BankError> {
     if embedding.len() != dim_count as usize {
@@ -291,18 +307,12 @@ impl Bank {
         node: &NewNode,
         embedding: &[f32],
     ) -> Result<(WalOp, InsertAck, Option<ExternalKey>), BankError> {
-        let tree = self.tree_index(&node.tree)?;
-        let vector = self.storable_vector(normalise(embedding, self.manifest.dim_count)?);
-        if node.payload.scenario.trim().is_empty() {
-            return Err(BankError::EmptyScenario);
-        }
-        if node.payload.size_bytes() > MAX_PAYLOAD_BYTES {
-            return Err(BankError::PayloadTooLarge {
-                size_bytes: node.payload.size_bytes(),
-                limit_bytes: MAX_PAYLOAD_BYTES,
-            });
-        }
-        let (external_id, id_flags) = self.check_external_id(node.external_id.as_deref())?;
+        let Content {
+            tree,
+            vector,
+            external_id,
+            id_flags,
+        } = self.check_content(node, embedding)?;
         let (placement, matched) = self.placement(tree, &node.tree, &node.attach, &vector)?;
         let index = self.node_count();
         let payload_record = encode_record(index, &node.payload);
@@ -348,10 +358,84 @@ impl Bank {
         ))
     }
 
+    /// The rules a new node meets wherever it goes: a known tree, a
+    /// storable vector, a scenario, the payload limit and a free, well
+    /// formed external id. Shared by every write and by `check_insert`.
+    fn check_content(&self, node: &NewNode, embedding: &[f32]) -> Result<Content, BankError> {
+        let tree = self.tree_index(&node.tree)?;
+        let vector = self.storable_vector(normalise(embedding, self.manifest.dim_count)?);
+        if node.payload.scenario.trim().is_empty() {
+            return Err(BankError::EmptyScenario);
+        }
+        if node.payload.size_bytes() > MAX_PAYLOAD_BYTES {
+            return Err(BankError::PayloadTooLarge {
+                size_bytes: node.payload.size_bytes(),
+                limit_bytes: MAX_PAYLOAD_BYTES,
+            });
+        }
+        let (external_id, id_flags) = self.check_external_id(node.external_id.as_deref())?;
+        Ok(Content {
+            tree,
+            vector,
+            external_id,
+            id_flags,
+        })
+    }
+
+    /// Checks a node that a later write will insert, without writing or
+    /// holding it: every rule of an insert except where it goes (its
+    /// parent, the scan), by the insert's own code. `embedding` replaces
+    /// the node's own (a row of a column load). `pending` holds the
+    /// external ids of nodes checked before it and not written yet: the
+    /// node's id must differ from them too, and joins them. For inputs
+    /// too large to stage whole (`check_changes` checks placement too).
+    pub fn check_insert(
+        &self,
+        node: &NewNode,
+        embedding: Option<&[f32]>,
+        pending: &mut PendingIds,
+    ) -> Result<(), BankError> {
+        let content = self.check_content(node, embedding.unwrap_or(&node.embedding))?;
+        // The index the node will get if every node checked is written.
+        let index = self.node_count().saturating_add(pending.checked);
+        pending.checked = pending.checked.saturating_add(1);
+        if content.id_flags == 0 {
+            return Ok(());
+        }
+        let key = external_key(content.external_id, content.id_flags);
+        match pending.ids.insert(key, index) {
+            None => Ok(()),
+            Some(existing) => Err(BankError::DuplicateExternalId {
+                id: node.external_id.clone().unwrap_or_default(),
+                existing,
+            }),
+        }
+    }
+
+    /// A dry run of `transact` and `load`: stages `changes` with the very
+    /// code they use (placement, parents, imported state, external ids)
+    /// and undoes them. Nothing is written; the acks are what a write now
+    /// would return (lsn 0). Holds the staged nodes in memory meanwhile.
+    pub fn check_changes(&mut self, changes: &[Change]) -> Result<Vec<ChangeAck>, BankError> {
+        self.check_writable()?;
+        let mut txn = self.stage_all(changes, None, false)?;
+        let acks = std::mem::take(&mut txn.acks);
+        self.unstage(txn)?;
+        Ok(acks)
+    }
+
     fn check_external_id(&self, text: Option<&str>) -> Result<([u8; 16], u8), BankError> {
         let Some(text) = text else {
             return Ok(([0; 16], 0));
         };
+        // All digits would read as a node index on a command line or in a
+        // URL path (and JSON tells the two apart only by quoting).
+        if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(BankError::BadExternalId {
+                id: text.to_string(),
+                detail: "must not be all digits (digits name a node index)".into(),
+            });
+        }
         let (key, flags) = encode_external_id(text).ok_or_else(|| BankError::BadExternalId {
             id: text.to_string(),
             detail: "must be a lowercase hyphenated UUID or 1..=16 bytes of text".into(),

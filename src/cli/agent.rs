@@ -117,6 +117,11 @@ mod enabled {
     }
 
     pub fn retrieve(args: &RetrieveArgs) -> anyhow::Result<Status> {
+        for (flag, text) in [("--task", &args.task), ("--env", &args.env)] {
+            if text.trim().is_empty() {
+                anyhow::bail!("{flag} is empty: there is nothing to search for");
+            }
+        }
         let config = AgentConfig::new(&args.bank, profile(&args.profile)?);
         let found = retrieve_chains(&config, &mut embedder()?, &args.task, &args.env)
             .with_context(|| format!("retrieve from {}", args.bank.display()))?;
@@ -131,8 +136,9 @@ mod enabled {
     pub fn record(args: &RecordArgs) -> anyhow::Result<Status> {
         let text = std::fs::read_to_string(&args.episode)
             .with_context(|| format!("cannot read {}", args.episode.display()))?;
-        let episode: Episode =
-            serde_json::from_str(&text).with_context(|| format!("{} is not an episode", args.episode.display()))?;
+        // Strict: a misspelt key must not silently drop what it carried.
+        let episode: Episode = deltamem::api::parse_object(&text)
+            .with_context(|| format!("{} is not an episode", args.episode.display()))?;
         let chat = HttpChat::from_env().context("LLM endpoint (DELTAMEM_LLM_BASE_URL, DELTAMEM_LLM_MODEL)")?;
         let config = AgentConfig::new(&args.bank, profile(&args.profile)?);
         let outcome = MemoryLoop::new(config, embedder()?, chat)

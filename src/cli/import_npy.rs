@@ -12,97 +12,39 @@
 //! With `--keep-going` the rows are not checked first: a batch holding a
 //! bad row is rejected whole (one WAL record is all or nothing), its rows
 //! get an error line instead of an ack, and the other batches are stored.
-//! Problems only the bank can see (a parent id that does not exist, an id
-//! used twice) always work that way: their batch is rejected, the others
-//! stay. Rows are numbered from 0, as NumPy indexes them; META line N+1
+//! The check runs the bank's own rules on every row (`Bank::check_insert`:
+//! vector norm, scenario, payload size, external ids, also against each
+//! other); only where a row goes is left to the write (a parent id that
+//! does not exist rejects its batch, the others stay). Rows are numbered from 0, as NumPy indexes them; META line N+1
 //! describes row N.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{BufReader, Write};
 use std::path::Path;
 
 use anyhow::Context;
+use deltamem::api::{self, InsertReply, RowMeta};
 use deltamem::interop::npy::{NpyRowReader, row_problem};
-use deltamem::{Attach, Bank, BankError, Change, ChangeAck, Label, NewNode, Payload, SyncPolicy};
+use deltamem::{Bank, BankError, Change, ChangeAck, NewNode, PendingIds, SyncPolicy};
 use serde::Serialize;
-use serde_json::Value;
 
 use super::import::{ImportArgs, with_writer};
-use super::input::{self, LineReader};
-use super::insert::{AckOut, ack_json};
+use super::input::LineReader;
 use super::progress::Progress;
 use super::{Status, is_input_error, write_json_line};
 
 /// Bad rows listed before the import gives up (the count is always given).
 const PROBLEMS_SHOWN: usize = 20;
 
-const META_KEYS: [&str; 6] = ["scenario", "payload", "label", "attach", "id", "tree"];
-
-/// What a META line says about its row; None means the default.
-#[derive(Debug, Default)]
-struct RowMeta {
-    scenario: Option<String>,
-    fields: BTreeMap<String, String>,
-    label: Option<Label>,
-    attach: Option<Attach>,
-    id: Option<String>,
-}
-
-fn parse_meta(text: &str, tree: &str) -> Result<RowMeta, String> {
-    if text.trim().is_empty() {
-        return Ok(RowMeta::default());
-    }
-    let obj = input::parse_object(text)?;
-    if let Some(key) = obj.keys().find(|k| !META_KEYS.contains(&k.as_str())) {
-        return Err(format!("unknown key \"{key}\" (known: {})", META_KEYS.join(", ")));
-    }
-    let mut meta = RowMeta::default();
-    if let Some(t) = obj.get("tree").filter(|t| !t.is_null() && t.as_str() != Some(tree)) {
-        return Err(format!("\"tree\" is {t}, but this import writes tree {tree:?}"));
-    }
-    if obj.get("scenario").is_some_and(|v| !v.is_null()) {
-        meta.scenario = Some(input::string(&obj, "scenario")?.to_string());
-    }
-    if let Some(p) = obj.get("payload").filter(|v| !v.is_null()) {
-        meta.fields = input::string_map(p, "payload")?;
-    }
-    if obj.get("label").is_some_and(|v| !v.is_null()) {
-        let text = input::string(&obj, "label")?;
-        meta.label = Some(
-            Label::parse(text).ok_or_else(|| format!("\"label\" must be \"SUCCESS\" or \"FAILURE\", not {text:?}"))?,
-        );
-    }
-    meta.attach = match obj.get("attach") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if s == "root" => Some(Attach::Root),
-        Some(Value::String(s)) if s == "auto" => Some(Attach::Auto),
-        Some(Value::Object(o)) if o.len() == 1 && o.contains_key("parent") => {
-            Some(Attach::Parent(input::node_ref(&o["parent"], "parent")?))
-        }
-        Some(_) => return Err(r#""attach" must be "root", "auto" or {"parent": ID}"#.into()),
+/// The node of one row from its META line (blank: every default); its
+/// embedding travels in the batch's column.
+fn row_node(text: &str, tree: &str, row: u64) -> Result<NewNode, String> {
+    let meta = match text.trim().is_empty() {
+        true => RowMeta::default(),
+        false => api::parse_object::<RowMeta>(text).map_err(|e| e.to_string())?,
     };
-    meta.id = match obj.get("id") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err("\"id\" (the external id) must be a string".into()),
-    };
-    Ok(meta)
-}
-
-/// The node of one row; its embedding travels in the batch's column.
-fn new_node(tree: &str, row: u64, meta: RowMeta) -> NewNode {
-    NewNode {
-        tree: tree.to_string(),
-        attach: meta.attach.unwrap_or(Attach::Root),
-        label: meta.label.unwrap_or(Label::Success),
-        payload: Payload {
-            scenario: meta.scenario.unwrap_or_else(|| format!("row {row}")),
-            fields: meta.fields,
-        },
-        embedding: Vec::new(),
-        external_id: meta.id,
-    }
+    meta.into_node(tree, row).map_err(|e| e.to_string())
 }
 
 /// The META file, line by line, in step with the rows.
@@ -193,32 +135,40 @@ fn read_batch(
             .flatten()
         {
             Some(problem) => Err(problem),
-            None => line
-                .and_then(|text| parse_meta(&text, &args.tree))
-                .map(|m| new_node(&args.tree, row, m)),
+            None => line.and_then(|text| row_node(&text, &args.tree, row)),
         };
         nodes.push((row, node));
     }
     Ok(Batch { nodes, column })
 }
 
-/// Checks every row (and META line) without writing; returns the problems.
-fn precheck(args: &ImportArgs, npy: &Path, progress: &Progress) -> anyhow::Result<(Vec<String>, u64)> {
+/// Checks every row (and META line) without writing, by the bank's own
+/// rules (`Bank::check_insert`, external ids against each other too);
+/// returns the problems.
+fn precheck(args: &ImportArgs, npy: &Path, bank: &Bank, progress: &Progress) -> anyhow::Result<(Vec<String>, u64)> {
     let mut reader = NpyRowReader::open(npy)?;
     let mut metas = MetaLines::open(args.meta.as_deref())?;
     let (mut shown, mut total) = (Vec::new(), 0u64);
+    let mut pending = PendingIds::default();
+    let dim = reader.info().dim_count;
     let mut column = Vec::new();
     loop {
         let batch = read_batch(args, npy, &mut reader, &mut metas, column, true)?;
         if batch.nodes.is_empty() {
             return Ok((shown, total));
         }
-        for (row, node) in &batch.nodes {
-            if let Err(problem) = node {
-                total += 1;
-                if shown.len() < PROBLEMS_SHOWN {
-                    shown.push(row_message(npy, args.meta.as_deref(), *row, problem));
-                }
+        for (k, (row, node)) in batch.nodes.iter().enumerate() {
+            let vector = &batch.column[k * dim..(k + 1) * dim];
+            let problem = match node {
+                Err(problem) => problem.clone(),
+                Ok(node) => match bank.check_insert(node, Some(vector), &mut pending) {
+                    Ok(()) => continue,
+                    Err(e) => e.to_string(),
+                },
+            };
+            total += 1;
+            if shown.len() < PROBLEMS_SHOWN {
+                shown.push(row_message(npy, args.meta.as_deref(), *row, &problem));
             }
         }
         progress.set(reader.rows_read());
@@ -235,7 +185,7 @@ struct RejectedOut {
 #[derive(Serialize)]
 #[serde(untagged)]
 enum LineOut {
-    Ack(AckOut),
+    Ack(InsertReply),
     Rejected(RejectedOut),
 }
 
@@ -304,7 +254,7 @@ impl<W: Write> Session<W> {
                     };
                     self.stored += 1;
                     self.pending
-                        .push_back((ack.lsn, LineOut::Ack(ack_json(ack, node.external_id))));
+                        .push_back((ack.lsn, LineOut::Ack(InsertReply::new(ack, node.external_id))));
                 }
                 Ok(())
             }
@@ -395,7 +345,7 @@ fn import_rows(args: &ImportArgs, npy: &Path, quiet: bool, bank: &mut Bank) -> a
     };
     if !args.keep_going {
         let progress = Progress::bar(total, "rows checked", quiet);
-        let (shown, count) = precheck(args, npy, &progress)?;
+        let (shown, count) = precheck(args, npy, bank, &progress)?;
         drop(progress);
         if count > 0 {
             for line in &shown {
@@ -453,16 +403,54 @@ fn import_rows(args: &ImportArgs, npy: &Path, quiet: bool, bank: &mut Bank) -> a
     })
 }
 
+/// An input that can be read a second time: the file itself, or for a
+/// pipe or process substitution (readable once) a temporary copy made by
+/// reading it once. The import reads its inputs twice (the check before
+/// anything is written, then the rows) and counts the META lines first.
+fn rereadable(path: &Path) -> anyhow::Result<Option<tempfile::TempPath>> {
+    let meta = std::fs::metadata(path).with_context(|| format!("cannot open {}", path.display()))?;
+    if meta.is_file() {
+        return Ok(None);
+    }
+    let mut input = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    // Messages name the copy: its name says what it is a copy of.
+    let name = path.file_name().map_or("input".into(), |n| n.to_string_lossy());
+    let mut copy = tempfile::Builder::new()
+        .prefix(&format!("deltamem-copy-of-{name}-"))
+        .tempfile()
+        .context("cannot create a temporary file")?;
+    std::io::copy(&mut input, &mut copy).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(Some(copy.into_temp_path()))
+}
+
 pub fn run(args: &ImportArgs, npy: &Path, quiet: bool) -> anyhow::Result<Status> {
-    let mut session = with_writer(&args.bank, args.sync, |bank| import_rows(args, npy, quiet, bank))?;
+    let npy_copy = rereadable(npy)?;
+    let meta_copy = args.meta.as_deref().map(rereadable).transpose()?.flatten();
+    let local;
+    let args = match &meta_copy {
+        Some(copy) => {
+            local = ImportArgs {
+                meta: Some(copy.to_path_buf()),
+                ..args.clone()
+            };
+            &local
+        }
+        None => args,
+    };
+    let read_from = npy_copy.as_deref().unwrap_or(npy);
+    let mut session = with_writer(&args.bank, args.sync, |bank| import_rows(args, read_from, quiet, bank))?;
     // Closed cleanly: everything is checkpointed, every line may go out.
     session.flush_ready(u64::MAX)?;
     if !quiet {
+        let batches = match session.rejected_batches {
+            0 => String::new(),
+            1 => " (in 1 batch)".to_string(),
+            n => format!(" (in {n} batches)"),
+        };
         eprintln!(
-            "deltamem: {} rows stored, {} rejected (in {} batches) from {}",
+            "deltamem: {} rows stored, {} rejected{batches} from {}",
             session.stored,
             session.rejected_rows,
-            session.rejected_batches,
             npy.display()
         );
     }

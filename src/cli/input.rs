@@ -1,13 +1,8 @@
-//! Reading JSON Lines from stdin: numbered lines (bounded in size, bad
-//! UTF-8 reported per line) and field extraction with messages that say
-//! which field is wrong and why.
+//! Reading JSON Lines from stdin: numbered lines, bounded in size, bad
+//! UTF-8 reported per line. Parsing a line is `deltamem::api`'s job.
 
-use std::collections::BTreeMap;
 use std::io::{self, BufRead};
 use std::sync::mpsc::{Receiver, sync_channel};
-
-use deltamem::NodeRef;
-use serde_json::{Map, Value};
 
 /// Longest accepted line. A payload is at most 4 MiB and a vector of
 /// 16384 floats well under 1 MiB as text, so this leaves ample room while
@@ -102,116 +97,6 @@ pub fn spawn_stdin_reader() -> Receiver<Event> {
     rx
 }
 
-/// Parses a line as a JSON object. serde_json's own message ends with a
-/// position "at line 1 column N"; within a single line only the column
-/// means anything, so the message is rebuilt around it.
-pub fn parse_object(text: &str) -> Result<Map<String, Value>, String> {
-    let value: Value = serde_json::from_str(text).map_err(|e| {
-        let full = e.to_string();
-        let reason = full.split(" at line ").next().unwrap_or(&full);
-        let hint = if ["NaN", "Infinity"].iter().any(|w| text.contains(w)) {
-            " (JSON has no NaN or Infinity)"
-        } else {
-            ""
-        };
-        format!("malformed JSON at column {}: {reason}{hint}", e.column())
-    })?;
-    match value {
-        Value::Object(map) => Ok(map),
-        other => Err(format!("expected a JSON object, got {}", kind(&other))),
-    }
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-pub fn required<'a>(obj: &'a Map<String, Value>, name: &str) -> Result<&'a Value, String> {
-    obj.get(name).ok_or_else(|| format!("missing field \"{name}\""))
-}
-
-pub fn string<'a>(obj: &'a Map<String, Value>, name: &str) -> Result<&'a str, String> {
-    match required(obj, name)? {
-        Value::String(s) => Ok(s),
-        other => Err(format!("\"{name}\" must be a string, got {}", kind(other))),
-    }
-}
-
-/// The `embedding` field: an array of numbers, narrowed to f32.
-pub fn embedding(obj: &Map<String, Value>) -> Result<Vec<f32>, String> {
-    let Value::Array(items) = required(obj, "embedding")? else {
-        return Err("\"embedding\" must be an array of numbers".into());
-    };
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, v)| {
-            v.as_f64()
-                .map(|x| x as f32)
-                .ok_or_else(|| format!("embedding[{i}] is {}, not a number", kind(v)))
-        })
-        .collect()
-}
-
-/// A node named in JSON: an integer index or an external id string.
-pub fn node_ref(v: &Value, what: &str) -> Result<NodeRef, String> {
-    match v {
-        Value::String(s) => Ok(NodeRef::External(s.clone())),
-        Value::Number(n) => n
-            .as_u64()
-            .and_then(|i| u32::try_from(i).ok())
-            .map(NodeRef::Index)
-            .ok_or_else(|| format!("{what} {n} is not a valid node index")),
-        other => Err(format!(
-            "{what} must be a node index or an external id string, got {}",
-            kind(other)
-        )),
-    }
-}
-
-/// A JSON object whose values are all strings.
-pub fn string_map(v: &Value, what: &str) -> Result<BTreeMap<String, String>, String> {
-    let Value::Object(map) = v else {
-        return Err(format!("{what} must be an object, got {}", kind(v)));
-    };
-    map.iter()
-        .map(|(k, v)| match v {
-            Value::String(s) => Ok((k.clone(), s.clone())),
-            other => Err(format!("{what} field \"{k}\" must be a string, got {}", kind(other))),
-        })
-        .collect()
-}
-
-/// An optional non-negative integer field.
-pub fn optional_count(obj: &Map<String, Value>, name: &str) -> Result<Option<usize>, String> {
-    match obj.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .and_then(|n| usize::try_from(n).ok())
-            .map(Some)
-            .ok_or_else(|| format!("\"{name}\" must be a non-negative integer")),
-    }
-}
-
-/// An optional number field, narrowed to f32.
-pub fn optional_number(obj: &Map<String, Value>, name: &str) -> Result<Option<f32>, String> {
-    match obj.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_f64()
-            .map(|x| Some(x as f32))
-            .ok_or_else(|| format!("\"{name}\" must be a number, got {}", kind(v))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,12 +110,5 @@ mod tests {
             got.push((line.number, line.text.is_ok()));
         }
         assert_eq!(got, vec![(1, true), (2, true), (3, false), (4, true)]);
-    }
-
-    #[test]
-    fn json_errors_name_the_column() {
-        let e = parse_object(r#"{"a": NaN}"#).unwrap_err();
-        assert!(e.contains("column 7") && e.contains("NaN"), "{e}");
-        assert!(parse_object("[1]").unwrap_err().contains("an array"));
     }
 }

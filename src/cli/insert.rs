@@ -1,4 +1,5 @@
-//! `deltamem insert`: one node per stdin line, one ack per stored node.
+//! `deltamem insert`: one node per stdin line; one output line per input
+//! line, the node's ack or `{"line":N,"error":"..."}`.
 //!
 //! An ack promises durability under the chosen sync policy, so acks wait
 //! in a queue until the WAL has been fsynced past their record. stdin is
@@ -12,10 +13,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
 use anyhow::Context;
-use deltamem::bank::InsertAck;
-use deltamem::{Attach, Bank, Label, NewNode, Payload, SyncPolicy};
-use serde::Serialize;
-use serde_json::{Map, Value};
+use deltamem::api::{self, InsertReply, InsertRequest, LineError};
+use deltamem::{Bank, NewNode, SyncPolicy};
 
 use super::input::{self, Event};
 use super::{Status, is_input_error, write_json_line};
@@ -43,76 +42,19 @@ impl SyncArg {
     }
 }
 
-#[derive(Serialize)]
-pub struct MatchOut {
-    id: u32,
-    score: f32,
-}
-
-/// The acknowledgement line of a stored node (shared with `import`).
-#[derive(Serialize)]
-pub struct AckOut {
-    id: u32,
-    tree: String,
-    #[serde(rename = "type")]
-    node_type: &'static str,
-    parent: Option<u32>,
-    depth: u8,
-    #[serde(rename = "match")]
-    matched: Option<MatchOut>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    external_id: Option<String>,
-}
-
-/// Turns one input object into a node, or says what is wrong with it.
-fn parse_node(obj: &Map<String, Value>) -> Result<NewNode, String> {
-    let tree = input::string(obj, "tree")?.to_string();
-    let attach = match input::required(obj, "attach")? {
-        Value::String(s) if s == "auto" => Attach::Auto,
-        Value::String(s) if s == "root" => Attach::Root,
-        Value::Object(o) if o.len() == 1 && o.contains_key("parent") => {
-            Attach::Parent(input::node_ref(&o["parent"], "parent")?)
-        }
-        _ => return Err(r#""attach" must be "auto", "root" or {"parent": ID}"#.into()),
-    };
-    let label_text = input::string(obj, "label")?;
-    let label = Label::parse(label_text)
-        .ok_or_else(|| format!("\"label\" must be \"SUCCESS\" or \"FAILURE\", not {label_text:?}"))?;
-    let scenario = input::string(obj, "scenario")?.to_string();
-    let fields = input::string_map(input::required(obj, "payload")?, "payload")?;
-    let embedding = input::embedding(obj)?;
-    let external_id = match obj.get("id") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err("\"id\" (the external id) must be a string".into()),
-    };
-    Ok(NewNode {
-        tree,
-        attach,
-        label,
-        payload: Payload { scenario, fields },
-        embedding,
-        external_id,
-    })
-}
-
-pub fn ack_json(ack: InsertAck, external_id: Option<String>) -> AckOut {
-    AckOut {
-        id: ack.id,
-        tree: ack.tree,
-        node_type: ack.node_type.as_str(),
-        parent: ack.parent,
-        depth: ack.depth,
-        matched: ack.matched.map(|(id, score)| MatchOut { id, score }),
-        external_id,
-    }
+/// One output line per input line: an ack or why the line stored nothing.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum OutLine {
+    Ack(InsertReply),
+    Error(LineError),
 }
 
 /// The insert loop's state: acks waiting for durability, and counts.
 struct Session<W: Write> {
     out: W,
     policy: SyncPolicy,
-    pending: VecDeque<(u64, AckOut)>,
+    pending: VecDeque<(u64, OutLine)>,
     stored: u64,
     rejected: u64,
 }
@@ -141,21 +83,25 @@ impl<W: Write> Session<W> {
         self.flush_ready(u64::MAX)
     }
 
+    /// Reports a line that stored nothing: on stderr, and in its place
+    /// among the acks (after the acks before it, which wait for the sync).
     fn reject(&mut self, number: u64, problem: &str) {
         self.rejected += 1;
         eprintln!("deltamem: line {number}: {problem}");
+        let error = LineError {
+            line: number,
+            error: problem.to_string(),
+        };
+        self.pending.push_back((0, OutLine::Error(error)));
     }
 
     /// Handles one line. Errors returned are fatal (the bank or the disk
     /// failed); problems with the line itself are reported and counted.
     fn handle(&mut self, bank: &mut Bank, number: u64, text: &str) -> anyhow::Result<()> {
-        if text.trim().is_empty() {
-            return Ok(());
-        }
-        let node = match input::parse_object(text).and_then(|obj| parse_node(&obj)) {
-            Ok(node) => node,
+        let node: NewNode = match api::parse_object::<InsertRequest>(text) {
+            Ok(request) => request.into(),
             Err(problem) => {
-                self.reject(number, &problem);
+                self.reject(number, &problem.to_string());
                 return Ok(());
             }
         };
@@ -163,7 +109,8 @@ impl<W: Write> Session<W> {
         match bank.insert(node) {
             Ok(ack) => {
                 self.stored += 1;
-                self.pending.push_back((ack.lsn, ack_json(ack, external_id)));
+                self.pending
+                    .push_back((ack.lsn, OutLine::Ack(InsertReply::new(ack, external_id))));
                 Ok(())
             }
             Err(e) if is_input_error(&e) => {

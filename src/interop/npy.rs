@@ -9,7 +9,7 @@
 //! ~10 ns per value, a third of a 100k x 768 import.
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom};
+use std::io::{BufWriter, Read};
 use std::path::{Path, PathBuf};
 
 use half::f16;
@@ -71,7 +71,7 @@ pub struct NpyRowReader {
 }
 
 /// Returns the data offset and the header text.
-fn read_prefix(path: &Path, file: &mut File) -> Result<(u64, String), InteropError> {
+fn read_prefix(path: &Path, file: &mut File) -> Result<(Vec<u8>, String), InteropError> {
     let bad = |detail: &str| InteropError::invalid(path, format!("not a .npy file: {detail}"));
     let mut fixed = [0u8; 12];
     file.read_exact(&mut fixed).map_err(|_| bad("shorter than a header"))?;
@@ -97,7 +97,7 @@ fn read_prefix(path: &Path, file: &mut File) -> Result<(u64, String), InteropErr
     text[..12].copy_from_slice(&fixed);
     file.read_exact(&mut text[12..]).map_err(|_| bad("truncated header"))?;
     let header = String::from_utf8_lossy(&text[text_start..]).into_owned();
-    Ok(((text_start + text_len) as u64, header))
+    Ok((text, header))
 }
 
 /// The `shape` tuple of a header, if it can be picked out. npyz multiplies
@@ -175,20 +175,21 @@ fn element_of(path: &Path, dtype: &DType) -> Result<(NpyElement, String, bool), 
 }
 
 impl NpyRowReader {
+    /// Opens and reads the header. The file is read once, front to back
+    /// (a pipe or `/dev/stdin` works); only a regular file's size is
+    /// checked up front, a stream's truncation shows when its rows run out.
     pub fn open(path: &Path) -> Result<NpyRowReader, InteropError> {
         let mut file = File::open(path).map_err(InteropError::io("open", path))?;
-        let file_bytes = file.metadata().map_err(InteropError::io("stat", path))?.len();
-        let (data_offset, header) = read_prefix(path, &mut file)?;
+        let meta = file.metadata().map_err(InteropError::io("stat", path))?;
+        let (prefix, header) = read_prefix(path, &mut file)?;
         shape_guard(path, &header)?;
-        let npy = NpyFile::new(BufReader::new(
-            File::open(path).map_err(InteropError::io("open", path))?,
-        ))
-        .map_err(|e| InteropError::invalid(path, format!("bad .npy header: {e}")))?;
+        let npy = NpyFile::new(prefix.as_slice())
+            .map_err(|e| InteropError::invalid(path, format!("bad .npy header: {e}")))?;
         let (element, descr, big_endian) = element_of(path, &npy.dtype())?;
         let (row_count, dim_count) = matrix_shape(path, npy.shape(), npy.order())?;
         let need_bytes = row_count * dim_count as u64 * element.size_bytes();
-        let have_bytes = file_bytes.saturating_sub(data_offset);
-        if have_bytes != need_bytes {
+        let have_bytes = meta.len().saturating_sub(prefix.len() as u64);
+        if meta.is_file() && have_bytes != need_bytes {
             return Err(InteropError::invalid(
                 path,
                 format!(
@@ -197,8 +198,6 @@ impl NpyRowReader {
                 ),
             ));
         }
-        file.seek(SeekFrom::Start(data_offset))
-            .map_err(InteropError::io("seek", path))?;
         Ok(NpyRowReader {
             path: path.to_path_buf(),
             info: NpyInfo {
@@ -262,8 +261,8 @@ impl NpyRowReader {
         if let Err(e) = read {
             out.truncate(start);
             self.failed = true;
-            // The size was checked at open: a short read means the file
-            // changed under us.
+            // A regular file's size was checked at open: a short read
+            // means it changed under us, or a stream ended early.
             return Err(InteropError::Row {
                 file: self.path.display().to_string(),
                 row: self.rows_read,

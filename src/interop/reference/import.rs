@@ -4,9 +4,7 @@ use serde_json::Value;
 
 use super::REFERENCE_META_FIELD;
 use super::parse::{ReferenceNode, ReferenceTree};
-use crate::format::MAX_PAYLOAD_BYTES;
 use crate::format::payload::Payload;
-use crate::format::row::encode_external_id;
 use crate::interop::InteropError;
 use crate::{Attach, Bank, BankError, Change, ChangeAck, ImportedState, NewNode, NodeRef, SyncPolicy};
 
@@ -44,9 +42,10 @@ const BATCH_BODY_BUDGET_BYTES: usize = 32 * 1024 * 1024;
 /// Most nodes per batch (a WAL record holds 65535 ops, one per node).
 const BATCH_OPS_BUDGET: usize = 60_000;
 
-/// Imports `source` into tree `tree`. Everything that can be checked
-/// without writing is checked first (dimensions, depths, ids, payload
-/// sizes), so a bad file leaves the bank untouched. The nodes go in
+/// Imports `source` into tree `tree`. The whole file is first run
+/// through the bank's own rules ([`Bank::check_changes`], a dry run of
+/// the writes: vectors, ids, payloads, placement, counters), so a bad
+/// file leaves the bank untouched and can be imported once fixed. The nodes go in
 /// parent-first, in batches of one WAL record each (`transact`), with
 /// their counters in the same record; a file of at most `max_batch_nodes`
 /// nodes (all real reference files) is one atomic write.
@@ -63,29 +62,33 @@ pub fn import_tree(
 ) -> Result<ImportReport, InteropError> {
     let mut notes = check(bank, tree, source)?;
     notes.extend(source.notes.iter().cloned());
+    let base = bank.node_count();
     let payloads: Vec<Payload> = source.nodes.iter().map(stored_payload).collect();
-    for (node, payload) in source.nodes.iter().zip(&payloads) {
-        if payload.size_bytes() > MAX_PAYLOAD_BYTES {
-            let detail = format!(
-                "payload is {} bytes, the bank's limit is {MAX_PAYLOAD_BYTES}",
-                payload.size_bytes()
-            );
-            return Err(node_error(source, node, detail));
+    let sizes: Vec<usize> = payloads.iter().map(Payload::size_bytes).collect();
+    let changes: Vec<Change> = source
+        .nodes
+        .iter()
+        .zip(payloads)
+        .map(|(node, payload)| Change::Import(new_node(tree, base, node, payload), imported_state(node)))
+        .collect();
+    // The whole file through the bank's own rules before anything is
+    // written: a refusal leaves the bank as it was, so a fixed file can be
+    // imported again.
+    let planned = bank
+        .check_changes(&changes)
+        .map_err(|e| refused(source, 0, changes.len(), e))?;
+    for (k, ack) in planned.iter().enumerate() {
+        if let ChangeAck::Inserted(ack) = ack {
+            check_placed(source, k, base, ack)?;
         }
     }
-    let base = bank.node_count();
+    check_placeholders(bank, source)?;
     let (total, mut ids) = (source.nodes.len() as u64, Vec::new());
     let mut start = 0;
-    while start < source.nodes.len() {
-        let end = batch_end(bank, &payloads, start, options.max_batch_nodes);
-        let changes: Vec<Change> = (start..end)
-            .map(|k| {
-                let node = &source.nodes[k];
-                Change::Import(new_node(tree, base, node, payloads[k].clone()), imported_state(node))
-            })
-            .collect();
+    while start < changes.len() {
+        let end = batch_end(bank, &sizes, start, options.max_batch_nodes);
         let acks = bank
-            .transact(&changes, options.sync)
+            .transact(&changes[start..end], options.sync)
             .map_err(|e| refused(source, start, end, e))?;
         let inserted = acks.into_iter().filter_map(|a| match a {
             ChangeAck::Inserted(ack) => Some(ack),
@@ -171,19 +174,8 @@ fn refused(source: &ReferenceTree, start: usize, end: usize, e: BankError) -> In
 /// Checks the whole file against the bank; returns notes for the user.
 fn check(bank: &Bank, tree: &str, source: &ReferenceTree) -> Result<Vec<String>, InteropError> {
     bank.tree_index(tree)?;
-    let dim = bank.dim_count() as usize;
     let max_depth = u32::from(bank.manifest().max_depth);
     for node in &source.nodes {
-        if node.embedding.len() != dim {
-            return Err(node_error(
-                source,
-                node,
-                format!(
-                    "embedding has {} dimensions, the bank stores {dim}",
-                    node.embedding.len()
-                ),
-            ));
-        }
         if node.depth > max_depth {
             return Err(node_error(
                 source,
@@ -195,23 +187,21 @@ fn check(bank: &Bank, tree: &str, source: &ReferenceTree) -> Result<Vec<String>,
                 ),
             ));
         }
-        if encode_external_id(&node.node_id).is_none() {
-            return Err(node_error(
-                source,
-                node,
-                "node_id is neither a lowercase UUID nor 1..=16 bytes of text".into(),
-            ));
-        }
-        if let Ok(existing) = bank.resolve(&NodeRef::External(node.node_id.clone())) {
-            return Err(node_error(
-                source,
-                node,
-                format!("already in the bank as node {existing}"),
-            ));
-        }
     }
-    // An empty tree still tells its embedding size through the placeholder:
-    // importing it into a bank of another dimension is surely a mistake.
+    let mut notes = Vec::new();
+    if let Some(name) = source.tree_name.as_deref().filter(|n| *n != tree) {
+        notes.push(format!(
+            "the file says it holds tree {name:?}; imported into {tree:?} as asked"
+        ));
+    }
+    Ok(notes)
+}
+
+/// An empty tree still tells its embedding size through the placeholder:
+/// importing it into a bank of another dimension is surely a mistake.
+/// (Checked after the nodes, whose own dimension errors say more.)
+fn check_placeholders(bank: &Bank, source: &ReferenceTree) -> Result<(), InteropError> {
+    let dim = bank.dim_count() as usize;
     for (id, &len) in source.placeholder_ids.iter().zip(&source.placeholder_dim_counts) {
         if len != 0 && len != dim {
             return Err(InteropError::Node {
@@ -221,13 +211,7 @@ fn check(bank: &Bank, tree: &str, source: &ReferenceTree) -> Result<Vec<String>,
             });
         }
     }
-    let mut notes = Vec::new();
-    if let Some(name) = source.tree_name.as_deref().filter(|n| *n != tree) {
-        notes.push(format!(
-            "the file says it holds tree {name:?}; imported into {tree:?} as asked"
-        ));
-    }
-    Ok(notes)
+    Ok(())
 }
 
 /// The payload as stored: the file's fields plus `reference_meta`.
@@ -261,12 +245,12 @@ fn new_node(tree: &str, base: u32, node: &ReferenceNode, payload: Payload) -> Ne
 
 /// End of the batch starting at `start`: at most `max_nodes` nodes (and
 /// the ops a WAL record holds), about `BATCH_BODY_BUDGET_BYTES` of body.
-fn batch_end(bank: &Bank, payloads: &[Payload], start: usize, max_nodes: usize) -> usize {
+fn batch_end(bank: &Bank, sizes: &[usize], start: usize, max_nodes: usize) -> usize {
     let vector_bytes = bank.dim_count() as usize * 4 + 256;
     let mut bytes_left = BATCH_BODY_BUDGET_BYTES;
     let mut end = start;
-    while end < payloads.len() && end - start < max_nodes.clamp(1, BATCH_OPS_BUDGET) {
-        let bytes = vector_bytes + payloads[end].size_bytes();
+    while end < sizes.len() && end - start < max_nodes.clamp(1, BATCH_OPS_BUDGET) {
+        let bytes = vector_bytes + sizes[end];
         if end > start && bytes > bytes_left {
             break;
         }
