@@ -137,6 +137,15 @@ enum Command {
     Freeze { bank: PathBuf, out: PathBuf },
     /// Reclaim dead space in a live bank (crash-safe).
     Compact { bank: PathBuf },
+    /// Repair a WAL damaged in the middle (intact records after a damaged
+    /// one): without the flag, only report what a repair would drop.
+    Repair {
+        bank: PathBuf,
+        /// Truncate the WAL at the damaged record, dropping the intact
+        /// records after it (and the changes they hold).
+        #[arg(long)]
+        drop_damaged_wal_tail: bool,
+    },
     /// Draw one tree as text, Graphviz DOT or SVG.
     Draw {
         bank: PathBuf,
@@ -224,6 +233,10 @@ fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Export(args) => cli::export::run(&args, quiet),
         Command::Freeze { bank, out } => cli::maintain::freeze(&bank, &out, quiet),
         Command::Compact { bank } => cli::maintain::compact(&bank, quiet),
+        Command::Repair {
+            bank,
+            drop_damaged_wal_tail,
+        } => cli::maintain::repair(&bank, drop_damaged_wal_tail),
         Command::Draw {
             bank,
             tree,

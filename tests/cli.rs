@@ -619,3 +619,62 @@ fn stats_names_the_scan_kernel() {
             .contains(&format!("scan kernel: {best}"))
     );
 }
+
+/// Issue 11, item 1, from the command line: a flipped byte in the first of
+/// five acknowledged WAL records. `dump` must fail naming the file, the
+/// record and the records after it (it used to print 0 nodes and exit 0),
+/// an insert must refuse rather than truncate, `repair` without its flag
+/// must change nothing, and with it must drop exactly records 2..=5.
+#[test]
+fn damaged_wal_record_is_reported_and_dropped_only_by_repair() {
+    use deltamem::{Attach, Bank, BankConfig, NewNode, Payload};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bank");
+    let mut bank = Bank::create_dir(&path, BankConfig::new(4)).unwrap();
+    for k in 0..5 {
+        let payload = Payload {
+            scenario: format!("node {k}"),
+            fields: Default::default(),
+        };
+        let node = NewNode {
+            tree: "task".into(),
+            attach: Attach::Root,
+            label: deltamem::Label::Success,
+            payload,
+            embedding: vec![1.0, k as f32, 0.0, 0.0],
+            external_id: None,
+        };
+        bank.insert(node).unwrap();
+    }
+    drop(bank); // as after kill -9: no checkpoint, five records in the WAL
+    let wal_path = path.join("wal.log");
+    let mut wal = std::fs::read(&wal_path).unwrap();
+    wal[150] ^= 0xff; // inside record 1 (the header is 64 bytes)
+    std::fs::write(&wal_path, &wal).unwrap();
+
+    let dump = deltamem(&["dump", s(&path)], "");
+    assert_eq!(dump.code, 1, "{}", dump.stdout);
+    assert!(dump.stdout.is_empty());
+    for needle in ["wal.log", "record 1 is damaged", "records 2..=5", "repair"] {
+        assert!(dump.stderr.contains(needle), "{needle:?} missing: {}", dump.stderr);
+    }
+    let insert = deltamem(
+        &["insert", s(&path)],
+        &task(json!("root"), "new", &[0.0, 1.0, 0.0, 0.0]),
+    );
+    assert_eq!(insert.code, 1);
+    assert!(insert.stderr.contains("records 2..=5"), "{}", insert.stderr);
+    let dry = deltamem(&["repair", s(&path)], "");
+    assert_eq!(dry.code, 1);
+    assert!(dry.stderr.contains("--drop-damaged-wal-tail"), "{}", dry.stderr);
+    assert_eq!(std::fs::read(&wal_path).unwrap(), wal, "refusals changed the WAL");
+
+    let repaired = ok(&["repair", s(&path), "--drop-damaged-wal-tail"], "").lines();
+    assert_eq!(repaired[0]["repaired"], json!(true));
+    assert_eq!(repaired[0]["damaged_lsn"], json!(1));
+    assert_eq!(repaired[0]["dropped_lsns"], json!([2, 5]));
+    assert_eq!(ok(&["dump", s(&path)], "").lines().len(), 0);
+    ok(&["verify", s(&path)], "");
+    let again = ok(&["repair", s(&path)], "").lines();
+    assert_eq!(again[0]["repaired"], json!(false));
+}

@@ -10,9 +10,9 @@ use super::{Bank, BankError, SyncPolicy, Writer};
 use crate::format::manifest::{MAX_TREES, Manifest, Precision, TREE_NAME_MAX_BYTES, TreeSpec};
 use crate::format::wal::{WalHeader, WalOp, decode_ops};
 use crate::format::{MAX_DIM_COUNT, default_rows_per_segment};
-use crate::storage::wal::{WalScan, WalWriter, scan};
+use crate::storage::wal::{WalDamage, WalScan, WalWriter, scan};
 use crate::storage::{
-    FileStorage, MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, Storage, StorageError, payload_file, read_all,
+    FileStorage, MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, Storage, StorageError, WAL_FILE, payload_file, read_all,
     replace_atomically,
 };
 
@@ -226,6 +226,31 @@ impl Bank {
     /// Opens a bank: as the single writer (taking the lock and recovering
     /// the WAL), or read-only (no lock; the WAL is replayed in memory only).
     pub fn open(storage: Arc<dyn Storage>, options: OpenOptions) -> Result<Bank, BankError> {
+        Bank::open_dropping(storage, options, false).map(|(bank, _)| bank)
+    }
+
+    /// Opens as the writer even when the WAL is damaged in the middle,
+    /// dropping the intact records after the damage (FORMAT.md §8), and
+    /// closes (checkpoints) the bank. Only for an explicit repair: those
+    /// records may hold acknowledged changes. Returns what was dropped
+    /// (None: the WAL had no such damage and nothing was dropped).
+    pub fn repair(storage: Arc<dyn Storage>) -> Result<Option<WalDamage>, BankError> {
+        let (bank, damage) = Bank::open_dropping(storage, OpenOptions::default(), true)?;
+        bank.close()?;
+        Ok(damage)
+    }
+
+    pub fn repair_dir(path: impl AsRef<Path>) -> Result<Option<WalDamage>, BankError> {
+        Bank::repair(Arc::new(FileStorage::new(path.as_ref())))
+    }
+
+    /// `open`; `drop_damaged` lets a writer truncate a WAL damaged in the
+    /// middle. Returns the damage it dropped.
+    fn open_dropping(
+        storage: Arc<dyn Storage>,
+        options: OpenOptions,
+        drop_damaged: bool,
+    ) -> Result<(Bank, Option<WalDamage>), BankError> {
         if !options.read_only && read_manifest(storage.as_ref())?.is_frozen() {
             // Checked before locking so a frozen directory is never written.
             return Err(BankError::ReadOnly(format!(
@@ -245,9 +270,15 @@ impl Bank {
                 storage.describe("")
             )));
         }
+        let stale = wal_scan.header.salt != manifest.wal_salt;
+        let damage = if stale { None } else { wal_scan.damage.clone() };
+        if let Some(d) = &damage
+            && !(drop_damaged && lock.is_some())
+        {
+            return Err(BankError::wal_damaged(storage.describe(WAL_FILE), d));
+        }
         let mut bank = Bank::assemble(storage.clone(), manifest, None);
         bank.base.retry_torn_rows = options.read_only;
-        let stale = wal_scan.header.salt != bank.manifest.wal_salt;
         if !stale {
             bank.replay(&wal_scan)?;
         }
@@ -274,7 +305,7 @@ impl Bank {
             let live = bank.manifest.generation;
             bank.remove_data_files(|g| g != live)?;
         }
-        Ok(bank)
+        Ok((bank, damage))
     }
 
     /// Applies the records the checkpoint lacks. A record whose CRC holds
@@ -320,8 +351,11 @@ impl Bank {
 
 /// Reads the manifest and the WAL. A reader can race a writer's checkpoint
 /// (new manifest, then new WAL) and see the old manifest with the new WAL;
-/// the salts then differ, so it reads both again. A writer holds the lock,
-/// so for it a salt mismatch is a real stale WAL left by a crash.
+/// the salts then differ, so it reads both again. It also reads again when
+/// the WAL looks damaged in the middle, in case it caught a write in
+/// progress; a record still being written is always the last one, so it
+/// reads as a torn tail, never as damage, once it is whole. A writer holds
+/// the lock, so for it a salt mismatch is a real stale WAL left by a crash.
 fn read_consistent_state(storage: &dyn Storage, read_only: bool) -> Result<(Manifest, WalScan), BankError> {
     const ATTEMPTS: u32 = 5;
     let mut attempt = 0;
@@ -329,7 +363,8 @@ fn read_consistent_state(storage: &dyn Storage, read_only: bool) -> Result<(Mani
         let manifest = read_manifest(storage)?;
         let wal_scan = scan(storage)?;
         attempt += 1;
-        if !read_only || wal_scan.header.salt == manifest.wal_salt || attempt == ATTEMPTS {
+        let settled = wal_scan.header.salt == manifest.wal_salt && wal_scan.damage.is_none();
+        if !read_only || settled || attempt == ATTEMPTS {
             return Ok((manifest, wal_scan));
         }
     }

@@ -56,6 +56,9 @@ impl VerifyReport {
                 offset_bytes,
                 source,
             }) => self.add(file, offset_bytes, source.to_string()),
+            BankError::WalDamaged {
+                ref file, offset_bytes, ..
+            } => self.add(file.clone(), offset_bytes, e.to_string()),
             other => self.add(bank_dir.to_string(), 0, other.to_string()),
         }
     }
@@ -122,9 +125,13 @@ impl Bank {
                 detail,
             );
         }
-        if wal.header.salt == self.manifest.wal_salt
-            && let Some(reason) = wal.stop_reason
-        {
+        if wal.header.salt != self.manifest.wal_salt {
+            return Ok(());
+        }
+        if let Some(damage) = &wal.damage {
+            let e = BankError::wal_damaged(self.storage.describe(WAL_FILE), damage);
+            report.add(self.storage.describe(WAL_FILE), damage.offset_bytes, e.to_string());
+        } else if let Some(reason) = wal.stop_reason {
             let detail = format!(
                 "{} bytes after the last valid record (a torn write from a crash, or corruption; \
                  opening the bank for writing truncates them): {reason}",

@@ -197,7 +197,7 @@ pub fn encode_record(prev_crc: u32, lsn: u64, op_count: u16, body: &[u8]) -> (Ve
     (out, crc)
 }
 
-fn chained_crc(prev_crc: u32, record: &[u8]) -> u32 {
+pub(crate) fn chained_crc(prev_crc: u32, record: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
     h.update(&prev_crc.to_le_bytes());
     h.update(&record[REC_LSN_OFFSET..]);
