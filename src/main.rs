@@ -257,6 +257,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(Status::Ok) => ExitCode::SUCCESS,
         Ok(Status::Failed) => ExitCode::from(1),
+        Ok(Status::SavedCheckpointFailed) => ExitCode::from(3),
         Err(e) => {
             if !cli::is_broken_pipe(&e) {
                 eprintln!("deltamem: {e:#}");

@@ -678,3 +678,27 @@ fn damaged_wal_record_is_reported_and_dropped_only_by_repair() {
     let again = ok(&["repair", s(&path)], "").lines();
     assert_eq!(again[0]["repaired"], json!(false));
 }
+
+/// Issue 11, item 2, from the command line: `hit` commits (durable in the
+/// WAL), then the checkpoint at close fails (MANIFEST.tmp cannot be
+/// created, as on a full disk). The result line must still be printed,
+/// stderr must say the change is saved, the exit status is 3, and the hit
+/// must be there once, not lost and not to be retried.
+#[test]
+fn hit_saved_before_a_failed_checkpoint_prints_its_result_and_exits_3() {
+    let (_dir, path) = bank(&[]);
+    insert(&path, &[task(json!("root"), "a", &[1.0, 0.0, 0.0, 0.0])]);
+    let blocker = path.join("MANIFEST.tmp");
+    std::fs::create_dir_all(blocker.join("in-the-way")).unwrap();
+    let run = deltamem(&["hit", s(&path), "0"], "");
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    assert_eq!(run.lines(), vec![json!({"id": 0, "success_hits": 1, "due": false})]);
+    assert!(
+        run.stderr.contains("saved") && run.stderr.contains("checkpoint"),
+        "{}",
+        run.stderr
+    );
+    std::fs::remove_dir_all(&blocker).unwrap();
+    let dump = ok(&["dump", s(&path)], "").lines();
+    assert_eq!(dump[0]["success_hits"], json!(1));
+}

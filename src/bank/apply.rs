@@ -168,6 +168,7 @@ impl Bank {
         let policy = policy.unwrap_or(writer.policy);
         self.sync_per_policy(policy)?;
         self.maybe_checkpoint()?;
+        assert!(self.writer.as_ref().is_some_and(|w| w.wal.next_lsn() > lsn));
         Ok(lsn)
     }
 
@@ -226,12 +227,34 @@ impl Bank {
         self.writer.as_ref().map(|w| w.policy)
     }
 
+    /// Checkpoints once the WAL is big enough, after a commit. The commit
+    /// is made before this runs, so only a failure to make its record
+    /// durable is the commit's failure: the WAL is synced first (as the
+    /// checkpoint would), and a checkpoint failure after that is recorded
+    /// (`checkpoint_failure`) and poisons the handle, but the commit is
+    /// reported as made. Reporting it as failed made callers retry a
+    /// change that was already durable (a hit counted twice).
     fn maybe_checkpoint(&mut self) -> Result<(), BankError> {
         let w = self.writer.as_ref().expect("writer");
-        if w.wal.size_bytes() >= w.checkpoint_wal_bytes {
-            self.checkpoint()?;
+        if w.wal.size_bytes() < w.checkpoint_wal_bytes {
+            return Ok(());
+        }
+        self.sync()?;
+        if let Err(e) = self.checkpoint() {
+            let w = self.writer.as_mut().expect("writer");
+            assert!(w.poisoned.is_some(), "a failed checkpoint poisons the bank");
+            assert!(!w.wal.has_unsynced(), "the commit was durable before the checkpoint");
+            w.checkpoint_failure = Some(e.to_string());
         }
         Ok(())
+    }
+
+    /// Why the checkpoint that ran after a commit failed, if one did. The
+    /// commit itself was made durable (its call returned `Ok`); the handle
+    /// is poisoned and refuses further writes until the bank is reopened,
+    /// which recovers everything from the WAL.
+    pub fn checkpoint_failure(&self) -> Option<&str> {
+        self.writer.as_ref()?.checkpoint_failure.as_deref()
     }
 }
 

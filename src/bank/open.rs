@@ -121,6 +121,20 @@ impl Default for OpenOptions {
     }
 }
 
+impl Writer {
+    fn new(lock: Box<dyn Send + Sync>, wal: WalWriter, policy: SyncPolicy, checkpoint_wal_bytes: u64) -> Writer {
+        Writer {
+            _lock: lock,
+            wal,
+            policy,
+            poisoned: None,
+            checkpoint_failure: None,
+            last_sync: Instant::now(),
+            checkpoint_wal_bytes,
+        }
+    }
+}
+
 pub(crate) fn now_unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -199,14 +213,12 @@ impl Bank {
             .map_err(StorageError::io("truncate", storage.describe(&payload_file(0))))?;
         let wal = WalWriter::create(storage.as_ref(), WalHeader { salt, start_lsn: 1 })?;
         replace_atomically(storage.as_ref(), MANIFEST_FILE, MANIFEST_TMP_FILE, &manifest.encode())?;
-        let writer = Writer {
-            _lock: lock,
+        let writer = Writer::new(
+            lock,
             wal,
-            policy: SyncPolicy::Always,
-            poisoned: None,
-            last_sync: Instant::now(),
-            checkpoint_wal_bytes: OpenOptions::default().checkpoint_wal_bytes,
-        };
+            SyncPolicy::Always,
+            OpenOptions::default().checkpoint_wal_bytes,
+        );
         Ok(Bank::assemble(storage, manifest, Some(writer)))
     }
 
@@ -293,14 +305,7 @@ impl Bank {
             } else {
                 WalWriter::resume(storage.as_ref(), &wal_scan)?
             };
-            bank.writer = Some(Writer {
-                _lock: lock,
-                wal,
-                policy: options.sync,
-                poisoned: None,
-                last_sync: Instant::now(),
-                checkpoint_wal_bytes: options.checkpoint_wal_bytes,
-            });
+            bank.writer = Some(Writer::new(lock, wal, options.sync, options.checkpoint_wal_bytes));
             // Files of other generations are what a crashed compact left.
             let live = bank.manifest.generation;
             bank.remove_data_files(|g| g != live)?;

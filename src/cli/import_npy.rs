@@ -454,7 +454,7 @@ fn import_rows(args: &ImportArgs, npy: &Path, quiet: bool, bank: &mut Bank) -> a
 }
 
 pub fn run(args: &ImportArgs, npy: &Path, quiet: bool) -> anyhow::Result<Status> {
-    let mut session = with_writer(&args.bank, args.sync, |bank| import_rows(args, npy, quiet, bank))?;
+    let (mut session, status) = with_writer(&args.bank, args.sync, |bank| import_rows(args, npy, quiet, bank))?;
     // Closed cleanly: everything is checkpointed, every line may go out.
     session.flush_ready(u64::MAX)?;
     if !quiet {
@@ -469,6 +469,6 @@ pub fn run(args: &ImportArgs, npy: &Path, quiet: bool) -> anyhow::Result<Status>
     Ok(if session.rejected_rows > 0 {
         Status::Failed
     } else {
-        Status::Ok
+        status
     })
 }

@@ -4,10 +4,9 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::Context;
-use deltamem::Bank;
 use serde::Serialize;
 
-use super::{NodeArg, Status, input, write_json_line};
+use super::{NodeArg, Status, input, with_writer, write_json_line};
 
 #[derive(Serialize)]
 struct HitOut {
@@ -22,35 +21,27 @@ struct ConsolidateOut {
     new_root: u32,
 }
 
-/// Opens the writer, runs `change`, and closes the bank whatever
-/// happened, so a refused change still releases the lock cleanly.
-fn with_writer<T>(path: &Path, change: impl FnOnce(&mut Bank) -> anyhow::Result<T>) -> anyhow::Result<T> {
-    let mut bank = super::open_write(path)?;
-    let result = change(&mut bank);
-    let closed = super::close(bank, path);
-    let value = result?;
-    closed?;
-    Ok(value)
-}
-
-fn print(value: &impl Serialize) -> anyhow::Result<Status> {
+fn print(value: &impl Serialize, status: Status) -> anyhow::Result<Status> {
     let mut out = super::stdout();
     write_json_line(&mut out, value)?;
     out.flush().context("cannot write to stdout")?;
-    Ok(Status::Ok)
+    Ok(status)
 }
 
 pub fn hit(path: &Path, id: &NodeArg) -> anyhow::Result<Status> {
-    let ack = with_writer(path, |bank| {
+    let (ack, status) = with_writer(path, None, |bank| {
         let index = super::resolve(bank, id, path)?;
         bank.success_hit(index)
             .with_context(|| format!("cannot record a success hit on node {index}"))
     })?;
-    print(&HitOut {
-        id: ack.id,
-        success_hits: ack.success_hits,
-        due: ack.due,
-    })
+    print(
+        &HitOut {
+            id: ack.id,
+            success_hits: ack.success_hits,
+            due: ack.due,
+        },
+        status,
+    )
 }
 
 pub fn consolidate(path: &Path, id: &NodeArg, payload_json: &str) -> anyhow::Result<Status> {
@@ -59,13 +50,16 @@ pub fn consolidate(path: &Path, id: &NodeArg, payload_json: &str) -> anyhow::Res
     let value: serde_json::Value =
         serde_json::from_str(payload_json).map_err(|e| anyhow::anyhow!("--payload is not valid JSON: {e}"))?;
     let fields = input::string_map(&value, "--payload").map_err(anyhow::Error::msg)?;
-    let ack = with_writer(path, |bank| {
+    let (ack, status) = with_writer(path, None, |bank| {
         let index = super::resolve(bank, id, path)?;
         bank.consolidate(index, fields)
             .with_context(|| format!("cannot consolidate node {index}"))
     })?;
-    print(&ConsolidateOut {
-        source: ack.source,
-        new_root: ack.new_root,
-    })
+    print(
+        &ConsolidateOut {
+            source: ack.source,
+            new_root: ack.new_root,
+        },
+        status,
+    )
 }
