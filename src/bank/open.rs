@@ -354,6 +354,9 @@ impl Bank {
     }
 }
 
+/// How often a reader reads the WAL again before it believes what it saw.
+pub(crate) const WAL_READ_ATTEMPTS: u32 = 5;
+
 /// Reads the manifest and the WAL. A reader can race a writer's checkpoint
 /// (new manifest, then new WAL) and see the old manifest with the new WAL;
 /// the salts then differ, so it reads both again. It also reads again when
@@ -362,14 +365,13 @@ impl Bank {
 /// reads as a torn tail, never as damage, once it is whole. A writer holds
 /// the lock, so for it a salt mismatch is a real stale WAL left by a crash.
 fn read_consistent_state(storage: &dyn Storage, read_only: bool) -> Result<(Manifest, WalScan), BankError> {
-    const ATTEMPTS: u32 = 5;
     let mut attempt = 0;
     loop {
         let manifest = read_manifest(storage)?;
         let wal_scan = scan(storage)?;
         attempt += 1;
         let settled = wal_scan.header.salt == manifest.wal_salt && wal_scan.damage.is_none();
-        if !read_only || settled || attempt == ATTEMPTS {
+        if !read_only || settled || attempt == WAL_READ_ATTEMPTS {
             return Ok((manifest, wal_scan));
         }
     }
