@@ -37,6 +37,15 @@ pub const TREE_TAU_OFFSET: usize = 40;
 /// Manifest flag: the bank is frozen (read-only forever, WAL empty).
 pub const MANIFEST_FLAG_FROZEN: u32 = 1;
 
+/// Byte ranges of the manifest that must be zero (FORMAT.md "Manifest").
+pub const MANIFEST_RESERVED: [std::ops::Range<usize>; 3] = [
+    MAN_PRECISION_OFFSET + 1..MAN_CONSOLIDATE_AFTER_OFFSET,
+    MAN_CREATED_OFFSET + 8..MAN_TREES_OFFSET,
+    MAN_TREES_OFFSET + MAX_TREES * TREE_ENTRY_SIZE_BYTES..MAN_CRC_OFFSET,
+];
+/// Byte ranges of a tree entry that must be zero (FORMAT.md "Tree entry").
+pub const TREE_ENTRY_RESERVED: [std::ops::Range<usize>; 1] = [TREE_TAU_OFFSET + 4..TREE_ENTRY_SIZE_BYTES];
+
 /// How the embedding column is stored, fixed at `init` (FORMAT.md §1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Precision {
@@ -175,6 +184,15 @@ impl Manifest {
 
     pub fn decode(b: &[u8]) -> Result<Manifest, FormatError> {
         need(WHAT, b, MANIFEST_SIZE_BYTES)?;
+        if b.len() != MANIFEST_SIZE_BYTES {
+            // Bytes past the CRC'd 1,024 are not the manifest's: a file
+            // that long was not written by a checkpoint.
+            return Err(FormatError::Invalid {
+                what: WHAT,
+                offset_bytes: MANIFEST_SIZE_BYTES as u64,
+                detail: format!("file is {} bytes, a manifest is exactly {MANIFEST_SIZE_BYTES}", b.len()),
+            });
+        }
         if b[..8] != MANIFEST_MAGIC {
             return Err(FormatError::BadMagic {
                 what: WHAT,
@@ -197,11 +215,7 @@ impl Manifest {
             get_u32(b, MAN_CRC_OFFSET),
             crc32(&b[..MAN_CRC_OFFSET]),
         )?;
-        for reserved in [
-            MAN_PRECISION_OFFSET + 1..MAN_CONSOLIDATE_AFTER_OFFSET,
-            96..MAN_TREES_OFFSET,
-            MAN_TREES_OFFSET + MAX_TREES * TREE_ENTRY_SIZE_BYTES..MAN_CRC_OFFSET,
-        ] {
+        for reserved in MANIFEST_RESERVED {
             check_zero(WHAT, b, reserved)?;
         }
         let flags = get_u32(b, MAN_FLAGS_OFFSET);
@@ -314,7 +328,9 @@ fn decode_trees(b: &[u8]) -> Result<Vec<TreeSpec>, FormatError> {
         let raw = &b[at..at + TREE_NAME_MAX_BYTES];
         let len = raw.iter().position(|&c| c == 0).unwrap_or(TREE_NAME_MAX_BYTES);
         check_zero(WHAT, b, at + len..at + TREE_NAME_MAX_BYTES)?;
-        check_zero(WHAT, b, at + TREE_TAU_OFFSET + 4..at + TREE_ENTRY_SIZE_BYTES)?;
+        for reserved in TREE_ENTRY_RESERVED {
+            check_zero(WHAT, b, at + reserved.start..at + reserved.end)?;
+        }
         let name = std::str::from_utf8(&raw[..len]).map_err(|_| FormatError::Invalid {
             what: WHAT,
             offset_bytes: at as u64,
