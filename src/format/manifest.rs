@@ -44,6 +44,8 @@ pub const MANIFEST_RESERVED: [std::ops::Range<usize>; 3] = [
     MAN_TREES_OFFSET + MAX_TREES * TREE_ENTRY_SIZE_BYTES..MAN_CRC_OFFSET,
 ];
 /// Byte ranges of a tree entry that must be zero (FORMAT.md "Tree entry").
+// An array of one range (not the range itself), like every table's.
+#[allow(clippy::single_range_in_vec_init)]
 pub const TREE_ENTRY_RESERVED: [std::ops::Range<usize>; 1] = [TREE_TAU_OFFSET + 4..TREE_ENTRY_SIZE_BYTES];
 
 /// How the embedding column is stored, fixed at `init` (FORMAT.md §1).

@@ -27,6 +27,8 @@ pub const REC_LSN_OFFSET: usize = 8;
 pub const REC_KIND_OFFSET: usize = 16;
 pub const REC_OP_COUNT_OFFSET: usize = 18;
 /// Byte ranges of a record header that must be zero.
+// An array of one range (not the range itself), like every table's.
+#[allow(clippy::single_range_in_vec_init)]
 pub const RECORD_RESERVED: [std::ops::Range<usize>; 1] = [REC_OP_COUNT_OFFSET + 2..RECORD_HEADER_SIZE_BYTES];
 
 /// Record kind: a transaction, a list of ops applied all or nothing.
@@ -36,6 +38,8 @@ pub const MAX_RECORD_BODY_BYTES: usize = 64 * 1024 * 1024;
 
 pub const OP_HEADER_SIZE_BYTES: usize = 4;
 /// Byte ranges of an op header that must be zero (after its kind byte).
+// An array of one range (not the range itself), like every table's.
+#[allow(clippy::single_range_in_vec_init)]
 pub const OP_HEADER_RESERVED: [std::ops::Range<usize>; 1] = [1..OP_HEADER_SIZE_BYTES];
 pub const OP_PUT_NODE: u8 = 1;
 pub const OP_PUT_ROW: u8 = 2;
