@@ -6,8 +6,9 @@ use std::time::Instant;
 use super::overlay::Mark;
 use super::{Bank, BankError, SyncPolicy};
 use crate::format::payload::check_record;
-use crate::format::row::{NodeType, Row};
+use crate::format::row::Row;
 use crate::format::wal::{MAX_RECORD_BODY_BYTES, WalOp, encode_ops};
+use crate::tree;
 
 impl Bank {
     /// Validates and applies every op of a transaction, or none of them.
@@ -65,45 +66,19 @@ impl Bank {
             offset_bytes: 0,
             detail: e.to_string(),
         })?;
-        if usize::from(row.tree) >= self.manifest.trees.len() {
-            return bad(format!("node {next}: tree {} does not exist", row.tree));
-        }
         self.check_shape(row)
     }
 
-    /// Parent, depth and type must agree with the tree rules.
+    /// Tree, parent, depth and type must agree with the tree rules.
     fn check_shape(&self, row: &Row) -> Result<(), BankError> {
-        let bad = |detail: String| {
-            Err(BankError::Corrupt {
+        let rule = tree::shape_violation(row, self.manifest.trees.len(), self.manifest.max_depth, |p| self.row(p))?;
+        match rule {
+            None => Ok(()),
+            Some(detail) => Err(BankError::Corrupt {
                 file: "WAL op".into(),
                 offset_bytes: 0,
                 detail,
-            })
-        };
-        if row.depth == 0 || row.depth > self.manifest.max_depth {
-            return bad(format!(
-                "node {}: depth {} outside 1..={}",
-                row.index, row.depth, self.manifest.max_depth
-            ));
-        }
-        match (row.parent(), row.node_type) {
-            (None, NodeType::Root) if row.depth == 1 => Ok(()),
-            (Some(parent), NodeType::Residual) if parent < row.index => {
-                let p = self.row(parent)?;
-                if p.tree != row.tree || p.depth + 1 != row.depth {
-                    return bad(format!(
-                        "node {}: parent {parent} is in another tree or at the wrong depth",
-                        row.index
-                    ));
-                }
-                Ok(())
-            }
-            _ => bad(format!(
-                "node {}: type {:?} does not fit parent {:?}",
-                row.index,
-                row.node_type,
-                row.parent()
-            )),
+            }),
         }
     }
 

@@ -4,7 +4,7 @@
 use super::open::WAL_READ_ATTEMPTS;
 use super::{Bank, BankError};
 use crate::format::payload::decode_record;
-use crate::format::row::{NodeType, ROW_SIZE_BYTES, Row};
+use crate::format::row::{ROW_SIZE_BYTES, Row};
 use crate::format::{NODE_NONE, crc32};
 use crate::storage::wal::scan;
 use crate::storage::{
@@ -223,35 +223,10 @@ impl Bank {
                 detail,
             })
         };
-        if usize::from(row.tree) >= self.manifest.trees.len() {
-            return bad(format!("node {}: tree {} does not exist", row.index, row.tree));
-        }
-        match (row.parent(), row.node_type) {
-            (None, NodeType::Root) if row.depth == 1 => {}
-            (Some(p), NodeType::Residual) if p < row.index => {
-                let parent = self.row(p)?;
-                if parent.tree != row.tree || parent.depth + 1 != row.depth {
-                    return bad(format!(
-                        "node {}: parent {p} has tree {} depth {}",
-                        row.index, parent.tree, parent.depth
-                    ));
-                }
-            }
-            _ => {
-                return bad(format!(
-                    "node {}: {:?} at depth {} with parent {:?}",
-                    row.index,
-                    row.node_type,
-                    row.depth,
-                    row.parent()
-                ));
-            }
-        }
-        if row.depth > self.manifest.max_depth {
-            return bad(format!(
-                "node {}: depth {} exceeds D_max {}",
-                row.index, row.depth, self.manifest.max_depth
-            ));
+        let rule =
+            crate::tree::shape_violation(row, self.manifest.trees.len(), self.manifest.max_depth, |p| self.row(p))?;
+        if let Some(detail) = rule {
+            return bad(detail);
         }
         // An imported consolidation has no link (the source tree did not
         // record the partner); a link, when present, must be mutual.
