@@ -36,8 +36,8 @@ enum Command {
         /// Score penalty subtracted from FAILURE nodes.
         #[arg(long)]
         eps: Option<f32>,
-        /// D_max: longest chain, in nodes.
-        #[arg(long)]
+        /// D_max: longest chain, in nodes (1..=255).
+        #[arg(long, value_parser = clap::value_parser!(u8).range(1..))]
         max_depth: Option<u8>,
         /// K_cons: success hits that make a residual node due.
         #[arg(long)]

@@ -702,3 +702,37 @@ fn hit_saved_before_a_failed_checkpoint_prints_its_result_and_exits_3() {
     let dump = ok(&["dump", s(&path)], "").lines();
     assert_eq!(dump[0]["success_hits"], json!(1));
 }
+
+/// Issue 11: `init` errors name the real allowed range. `--max-depth 256`
+/// said "not in 0..=255" although 0 is refused too, and a rows-per-segment
+/// value too large was printed as `Some(1048577)`. All of `init`'s rules
+/// now live in one place (`format::manifest::Settings`).
+#[test]
+fn init_errors_name_the_real_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bank");
+    for (flag, value, want) in [
+        ("--max-depth", "256", "1..=255"),
+        ("--max-depth", "0", "1..=255"),
+        (
+            "--rows-per-segment",
+            "1048577",
+            "rows per segment 1048577 outside 1..=1048576",
+        ),
+        ("--rows-per-segment", "0", "rows per segment 0 outside 1..=1048576"),
+        ("--eps=-1", "", "eps -1 must be finite and >= 0"),
+        ("--consolidate-after", "0", "consolidate-after 0 must be at least 1"),
+    ] {
+        let mut args = vec!["init", s(&path), "--dim", "4", flag];
+        args.extend([value].iter().filter(|v| !v.is_empty()));
+        let run = deltamem(&args, "");
+        assert_ne!(run.code, 0, "{flag} {value} accepted");
+        assert!(
+            run.stderr.contains(want),
+            "{flag} {value}: {:?} lacks {want:?}",
+            run.stderr
+        );
+        assert!(!run.stderr.contains("Some("), "{}", run.stderr);
+        assert!(!path.join("MANIFEST").exists(), "{flag} {value} left a bank behind");
+    }
+}

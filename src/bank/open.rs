@@ -7,9 +7,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use super::base::Base;
 use super::overlay::Overlay;
 use super::{Bank, BankError, SyncPolicy, Writer};
-use crate::format::manifest::{MAX_TREES, Manifest, Precision, TREE_NAME_MAX_BYTES, TreeSpec};
+use crate::format::default_rows_per_segment;
+use crate::format::manifest::{Manifest, Precision, Settings, TreeSpec};
 use crate::format::wal::{WalHeader, WalOp, decode_ops};
-use crate::format::{MAX_DIM_COUNT, default_rows_per_segment};
 use crate::storage::wal::{WalDamage, WalScan, WalWriter, scan};
 use crate::storage::{
     FileStorage, MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, Storage, StorageError, WAL_FILE, payload_file, read_all,
@@ -59,45 +59,20 @@ impl BankConfig {
     }
 
     /// Checks every option and names the bad one; runs before anything
-    /// touches the disk.
+    /// touches the disk. The rules are the manifest's (`Settings`).
     pub fn validate(&self) -> Result<(), BankError> {
-        let bad = |m: String| Err(BankError::BadConfig(m));
-        if self.dim_count == 0 || self.dim_count > MAX_DIM_COUNT {
-            return bad(format!("--dim {} outside 1..={MAX_DIM_COUNT}", self.dim_count));
-        }
-        if self.trees.is_empty() || self.trees.len() > MAX_TREES {
-            return bad(format!("{} trees (allowed 1..={MAX_TREES})", self.trees.len()));
-        }
-        for (i, t) in self.trees.iter().enumerate() {
-            if t.name.is_empty() || t.name.len() > TREE_NAME_MAX_BYTES || t.name.contains('\0') {
-                return bad(format!(
-                    "tree name {:?} must be 1..={TREE_NAME_MAX_BYTES} bytes",
-                    t.name
-                ));
-            }
-            if !(t.tau.is_finite() && (-1.0..=1.0).contains(&t.tau)) {
-                return bad(format!("tree {:?}: tau {} outside -1..=1", t.name, t.tau));
-            }
-            if self.trees[..i].iter().any(|o| o.name == t.name) {
-                return bad(format!("tree {:?} given twice", t.name));
-            }
-        }
-        if !(self.eps.is_finite() && self.eps >= 0.0) {
-            return bad(format!("--eps {} must be finite and >= 0", self.eps));
-        }
-        if self.max_depth == 0 {
-            return bad("--max-depth must be at least 1".into());
-        }
-        if self.consolidate_after == 0 {
-            return bad("--consolidate-after must be at least 1".into());
-        }
-        if self.rows_per_segment.is_some_and(|r| r == 0 || r > 1 << 20) {
-            return bad(format!(
-                "rows per segment {:?} outside 1..=1048576",
-                self.rows_per_segment
-            ));
-        }
-        Ok(())
+        let settings = Settings {
+            dim_count: self.dim_count,
+            // The value `create` will use, so a default is checked too.
+            rows_per_segment: self
+                .rows_per_segment
+                .unwrap_or_else(|| default_rows_per_segment(self.dim_count)),
+            eps: self.eps,
+            max_depth: self.max_depth,
+            consolidate_after: self.consolidate_after,
+            trees: &self.trees,
+        };
+        settings.check().map_err(|(_, detail)| BankError::BadConfig(detail))
     }
 }
 

@@ -265,11 +265,16 @@ impl Manifest {
                 detail,
             })
         };
-        if self.dim_count == 0 || self.dim_count > MAX_DIM_COUNT {
-            return bad(
-                MAN_DIM_OFFSET,
-                format!("dimension {} outside 1..={MAX_DIM_COUNT}", self.dim_count),
-            );
+        let settings = Settings {
+            dim_count: self.dim_count,
+            rows_per_segment: self.rows_per_segment,
+            eps: self.eps,
+            max_depth: self.max_depth,
+            consolidate_after: self.consolidate_after,
+            trees: &self.trees,
+        };
+        if let Err((offset, detail)) = settings.check() {
+            return bad(offset, detail);
         }
         if self.row_stride_bytes != self.precision.vector_stride_bytes(self.dim_count) {
             return bad(
@@ -277,34 +282,77 @@ impl Manifest {
                 format!("row stride {} does not match dimension", self.row_stride_bytes),
             );
         }
-        if self.rows_per_segment == 0 || self.rows_per_segment > 1 << 20 {
-            return bad(
-                MAN_ROWS_PER_SEGMENT_OFFSET,
-                format!("rows per segment {}", self.rows_per_segment),
-            );
-        }
-        if !(self.eps.is_finite() && self.eps >= 0.0) {
-            return bad(MAN_EPS_OFFSET, format!("eps {}", self.eps));
-        }
-        if self.max_depth == 0 {
-            return bad(MAN_MAX_DEPTH_OFFSET, "max depth 0".into());
-        }
-        if self.consolidate_after == 0 {
-            return bad(MAN_CONSOLIDATE_AFTER_OFFSET, "consolidate-after 0".into());
-        }
         if self.node_count >= u64::from(NODE_NONE) {
             return bad(MAN_NODE_COUNT_OFFSET, format!("node count {}", self.node_count));
         }
-        if self.trees.is_empty() {
-            return bad(MAN_TREE_COUNT_OFFSET, "no trees".into());
+        Ok(())
+    }
+}
+
+/// Rows per segment a bank may have (`rows_per_segment`).
+pub const MIN_ROWS_PER_SEGMENT: u32 = 1;
+pub const MAX_ROWS_PER_SEGMENT: u32 = 1 << 20;
+
+/// The settings fixed at `init`, as the rules of FORMAT.md §4 and §10 see
+/// them: the one home of those rules, for `BankConfig::validate` (before
+/// anything is written) and `Manifest::validate` (on every decode).
+pub struct Settings<'a> {
+    pub dim_count: u32,
+    pub rows_per_segment: u32,
+    pub eps: f32,
+    pub max_depth: u8,
+    pub consolidate_after: u32,
+    pub trees: &'a [TreeSpec],
+}
+
+impl Settings<'_> {
+    /// The first rule broken: the manifest offset of the field and what is
+    /// wrong, naming the field and its allowed range.
+    pub fn check(&self) -> Result<(), (usize, String)> {
+        if self.dim_count == 0 || self.dim_count > MAX_DIM_COUNT {
+            let detail = format!("dimension {} outside 1..={MAX_DIM_COUNT}", self.dim_count);
+            return Err((MAN_DIM_OFFSET, detail));
+        }
+        if !(MIN_ROWS_PER_SEGMENT..=MAX_ROWS_PER_SEGMENT).contains(&self.rows_per_segment) {
+            let detail = format!(
+                "rows per segment {} outside {MIN_ROWS_PER_SEGMENT}..={MAX_ROWS_PER_SEGMENT}",
+                self.rows_per_segment
+            );
+            return Err((MAN_ROWS_PER_SEGMENT_OFFSET, detail));
+        }
+        if !(self.eps.is_finite() && self.eps >= 0.0) {
+            return Err((MAN_EPS_OFFSET, format!("eps {} must be finite and >= 0", self.eps)));
+        }
+        if self.max_depth == 0 {
+            return Err((MAN_MAX_DEPTH_OFFSET, "max depth 0 outside 1..=255".into()));
+        }
+        if self.consolidate_after == 0 {
+            return Err((
+                MAN_CONSOLIDATE_AFTER_OFFSET,
+                "consolidate-after 0 must be at least 1".into(),
+            ));
+        }
+        if self.trees.is_empty() || self.trees.len() > MAX_TREES {
+            let detail = format!("{} trees, allowed 1..={MAX_TREES}", self.trees.len());
+            return Err((MAN_TREE_COUNT_OFFSET, detail));
         }
         for (i, tree) in self.trees.iter().enumerate() {
             let at = MAN_TREES_OFFSET + i * TREE_ENTRY_SIZE_BYTES;
+            if tree.name.is_empty() || tree.name.len() > TREE_NAME_MAX_BYTES || tree.name.contains('\0') {
+                let detail = format!(
+                    "tree name {:?} must be 1..={TREE_NAME_MAX_BYTES} bytes, no NUL",
+                    tree.name
+                );
+                return Err((at, detail));
+            }
             if !(tree.tau.is_finite() && (-1.0..=1.0).contains(&tree.tau)) {
-                return bad(at + TREE_TAU_OFFSET, format!("tree {:?} tau {}", tree.name, tree.tau));
+                return Err((
+                    at + TREE_TAU_OFFSET,
+                    format!("tree {:?}: tau {} outside -1..=1", tree.name, tree.tau),
+                ));
             }
             if self.trees[..i].iter().any(|t| t.name == tree.name) {
-                return bad(at, format!("duplicate tree name {:?}", tree.name));
+                return Err((at, format!("tree {:?} given twice", tree.name)));
             }
         }
         Ok(())
