@@ -758,3 +758,38 @@ fn verify_beside_a_running_writer_never_reports_a_record_being_written() {
     println!("{verifies} verifies beside the writer");
     assert!(verifies > 0);
 }
+
+/// Issue 11: an error's message must not repeat its cause. Printed as a
+/// chain (anyhow's `{:#}`: each error, then its `source()`), a storage
+/// error read "create MANIFEST.tmp: Is a directory: Is a directory". For
+/// an I/O failure and a corrupt file, no error in the chain may contain
+/// the message of the error below it.
+#[test]
+fn errors_do_not_repeat_their_cause() {
+    use std::error::Error;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, b"x").unwrap();
+    let io = Bank::create_dir(file.join("bank"), config(4))
+        .err()
+        .expect("created under a file");
+    let bank_dir = dir.path().join("bank");
+    Bank::create_dir(&bank_dir, config(4)).unwrap().close().unwrap();
+    std::fs::write(bank_dir.join("MANIFEST"), vec![0u8; 1024]).unwrap();
+    let corrupt = Bank::open_dir(&bank_dir, OpenOptions::default())
+        .err()
+        .expect("opened a zeroed MANIFEST");
+    for top in [&io, &corrupt] {
+        let mut level: &dyn Error = top;
+        let mut chain = vec![level.to_string()];
+        while let Some(next) = level.source() {
+            let (text, below) = (level.to_string(), next.to_string());
+            assert!(
+                !text.contains(&below),
+                "{chain:?}: {text:?} repeats its cause {below:?}"
+            );
+            chain.push(below);
+            level = next;
+        }
+    }
+}

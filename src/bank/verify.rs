@@ -55,8 +55,8 @@ impl VerifyReport {
             BankError::Storage(StorageError::Corrupt {
                 file,
                 offset_bytes,
-                source,
-            }) => self.add(file, offset_bytes, source.to_string()),
+                error,
+            }) => self.add(file, offset_bytes, error.to_string()),
             BankError::WalDamaged {
                 ref file, offset_bytes, ..
             } => self.add(file.clone(), offset_bytes, e.to_string()),

@@ -152,10 +152,10 @@ impl Storage for FileStorage {
         match file.try_lock() {
             Ok(()) => Ok(Box::new(file)),
             Err(TryLockError::WouldBlock) => Err(StorageError::Locked { file: desc }),
-            Err(TryLockError::Error(source)) => Err(StorageError::Io {
+            Err(TryLockError::Error(cause)) => Err(StorageError::Io {
                 op: "lock",
                 file: desc,
-                source,
+                cause,
             }),
         }
     }
