@@ -278,7 +278,7 @@ impl Bank {
                 };
                 WalWriter::create(storage.as_ref(), header)?
             } else {
-                WalWriter::resume(storage.as_ref(), &wal_scan)?
+                WalWriter::resume(storage.as_ref(), &wal_scan, drop_damaged)?
             };
             bank.writer = Some(Writer::new(lock, wal, options.sync, options.checkpoint_wal_bytes));
             // Files of other generations are what a crashed compact left.

@@ -244,8 +244,16 @@ impl WalWriter {
     }
 
     /// Continues an existing WAL after a scan, cutting off any torn tail
-    /// first so a new record never sits in front of garbage.
-    pub fn resume(storage: &dyn Storage, scan: &WalScan) -> Result<WalWriter, StorageError> {
+    /// first so a new record never sits in front of garbage. Cutting off
+    /// damage in the middle (intact records after it) drops records, so
+    /// the caller must say it was asked to (`drop_damaged`, a repair).
+    pub fn resume(storage: &dyn Storage, scan: &WalScan, drop_damaged: bool) -> Result<WalWriter, StorageError> {
+        assert!(
+            scan.damage.is_none() || drop_damaged,
+            "truncating a WAL with intact records after its damage: {:?}",
+            scan.damage
+        );
+        assert!(scan.valid_end_bytes <= scan.file_len_bytes);
         let desc = storage.describe(WAL_FILE);
         let file = storage
             .open(WAL_FILE, OpenMode::ReadWrite)
