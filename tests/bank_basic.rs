@@ -413,7 +413,7 @@ fn bad_config_names_the_option_and_leaves_no_directory() {
             .err()
             .unwrap()
             .to_string()
-            .contains("--consolidate-after")
+            .contains("consolidate-after 0 must be at least 1")
     );
 }
 
