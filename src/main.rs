@@ -36,8 +36,8 @@ enum Command {
         /// Score penalty subtracted from FAILURE nodes.
         #[arg(long)]
         eps: Option<f32>,
-        /// D_max: longest chain, in nodes.
-        #[arg(long)]
+        /// D_max: longest chain, in nodes (1..=255).
+        #[arg(long, value_parser = clap::value_parser!(u8).range(1..))]
         max_depth: Option<u8>,
         /// K_cons: success hits that make a residual node due.
         #[arg(long)]
@@ -137,6 +137,15 @@ enum Command {
     Freeze { bank: PathBuf, out: PathBuf },
     /// Reclaim dead space in a live bank (crash-safe).
     Compact { bank: PathBuf },
+    /// Repair a WAL damaged in the middle (intact records after a damaged
+    /// one): without the flag, only report what a repair would drop.
+    Repair {
+        bank: PathBuf,
+        /// Truncate the WAL at the damaged record, dropping the intact
+        /// records after it (and the changes they hold).
+        #[arg(long)]
+        drop_damaged_wal_tail: bool,
+    },
     /// Draw one tree as text, Graphviz DOT or SVG.
     Draw {
         bank: PathBuf,
@@ -229,6 +238,10 @@ fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Export(args) => cli::export::run(&args, quiet),
         Command::Freeze { bank, out } => cli::maintain::freeze(&bank, &out, quiet),
         Command::Compact { bank } => cli::maintain::compact(&bank, quiet),
+        Command::Repair {
+            bank,
+            drop_damaged_wal_tail,
+        } => cli::maintain::repair(&bank, drop_damaged_wal_tail),
         Command::Draw {
             bank,
             tree,
@@ -249,6 +262,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(Status::Ok) => ExitCode::SUCCESS,
         Ok(Status::Failed) => ExitCode::from(1),
+        Ok(Status::SavedCheckpointFailed) => ExitCode::from(3),
         Err(e) => {
             if !cli::is_broken_pipe(&e) {
                 eprintln!("deltamem: {e:#}");

@@ -634,3 +634,120 @@ fn stats_names_the_scan_kernel() {
             .contains(&format!("scan kernel: {best}"))
     );
 }
+
+/// Issue 11, item 1, from the command line: a flipped byte in the first of
+/// five acknowledged WAL records. `dump` must fail naming the file, the
+/// record and the records after it (it used to print 0 nodes and exit 0),
+/// an insert must refuse rather than truncate, `repair` without its flag
+/// must change nothing, and with it must drop exactly records 2..=5.
+#[test]
+fn damaged_wal_record_is_reported_and_dropped_only_by_repair() {
+    use deltamem::{Attach, Bank, BankConfig, NewNode, Payload};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bank");
+    let mut bank = Bank::create_dir(&path, BankConfig::new(4)).unwrap();
+    for k in 0..5 {
+        let payload = Payload {
+            scenario: format!("node {k}"),
+            fields: Default::default(),
+        };
+        let node = NewNode {
+            tree: "task".into(),
+            attach: Attach::Root,
+            label: deltamem::Label::Success,
+            payload,
+            embedding: vec![1.0, k as f32, 0.0, 0.0],
+            external_id: None,
+        };
+        bank.insert(node).unwrap();
+    }
+    drop(bank); // as after kill -9: no checkpoint, five records in the WAL
+    let wal_path = path.join("wal.log");
+    let mut wal = std::fs::read(&wal_path).unwrap();
+    wal[150] ^= 0xff; // inside record 1 (the header is 64 bytes)
+    std::fs::write(&wal_path, &wal).unwrap();
+
+    let dump = deltamem(&["dump", s(&path)], "");
+    assert_eq!(dump.code, 1, "{}", dump.stdout);
+    assert!(dump.stdout.is_empty());
+    for needle in ["wal.log", "record 1 is damaged", "records 2..=5", "repair"] {
+        assert!(dump.stderr.contains(needle), "{needle:?} missing: {}", dump.stderr);
+    }
+    let insert = deltamem(
+        &["insert", s(&path)],
+        &task(json!("root"), "new", &[0.0, 1.0, 0.0, 0.0]),
+    );
+    assert_eq!(insert.code, 1);
+    assert!(insert.stderr.contains("records 2..=5"), "{}", insert.stderr);
+    let dry = deltamem(&["repair", s(&path)], "");
+    assert_eq!(dry.code, 1);
+    assert!(dry.stderr.contains("--drop-damaged-wal-tail"), "{}", dry.stderr);
+    assert_eq!(std::fs::read(&wal_path).unwrap(), wal, "refusals changed the WAL");
+
+    let repaired = ok(&["repair", s(&path), "--drop-damaged-wal-tail"], "").lines();
+    assert_eq!(repaired[0]["repaired"], json!(true));
+    assert_eq!(repaired[0]["damaged_lsn"], json!(1));
+    assert_eq!(repaired[0]["dropped_lsns"], json!([2, 5]));
+    assert_eq!(ok(&["dump", s(&path)], "").lines().len(), 0);
+    ok(&["verify", s(&path)], "");
+    let again = ok(&["repair", s(&path)], "").lines();
+    assert_eq!(again[0]["repaired"], json!(false));
+}
+
+/// Issue 11, item 2, from the command line: `hit` commits (durable in the
+/// WAL), then the checkpoint at close fails (MANIFEST.tmp cannot be
+/// created, as on a full disk). The result line must still be printed,
+/// stderr must say the change is saved, the exit status is 3, and the hit
+/// must be there once, not lost and not to be retried.
+#[test]
+fn hit_saved_before_a_failed_checkpoint_prints_its_result_and_exits_3() {
+    let (_dir, path) = bank(&[]);
+    insert(&path, &[task(json!("root"), "a", &[1.0, 0.0, 0.0, 0.0])]);
+    let blocker = path.join("MANIFEST.tmp");
+    std::fs::create_dir_all(blocker.join("in-the-way")).unwrap();
+    let run = deltamem(&["hit", s(&path), "0"], "");
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    assert_eq!(run.lines(), vec![json!({"id": 0, "success_hits": 1, "due": false})]);
+    assert!(
+        run.stderr.contains("saved") && run.stderr.contains("checkpoint"),
+        "{}",
+        run.stderr
+    );
+    std::fs::remove_dir_all(&blocker).unwrap();
+    let dump = ok(&["dump", s(&path)], "").lines();
+    assert_eq!(dump[0]["success_hits"], json!(1));
+}
+
+/// Issue 11: `init` errors name the real allowed range. `--max-depth 256`
+/// said "not in 0..=255" although 0 is refused too, and a rows-per-segment
+/// value too large was printed as `Some(1048577)`. All of `init`'s rules
+/// now live in one place (`format::manifest::Settings`).
+#[test]
+fn init_errors_name_the_real_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bank");
+    for (flag, value, want) in [
+        ("--max-depth", "256", "1..=255"),
+        ("--max-depth", "0", "1..=255"),
+        (
+            "--rows-per-segment",
+            "1048577",
+            "rows per segment 1048577 outside 1..=1048576",
+        ),
+        ("--rows-per-segment", "0", "rows per segment 0 outside 1..=1048576"),
+        ("--eps=-1", "", "eps -1 must be finite and >= 0"),
+        ("--consolidate-after", "0", "consolidate-after 0 must be at least 1"),
+    ] {
+        let mut args = vec!["init", s(&path), "--dim", "4", flag];
+        args.extend([value].iter().filter(|v| !v.is_empty()));
+        let run = deltamem(&args, "");
+        assert_ne!(run.code, 0, "{flag} {value} accepted");
+        assert!(
+            run.stderr.contains(want),
+            "{flag} {value}: {:?} lacks {want:?}",
+            run.stderr
+        );
+        assert!(!run.stderr.contains("Some("), "{}", run.stderr);
+        assert!(!path.join("MANIFEST").exists(), "{flag} {value} left a bank behind");
+    }
+}

@@ -174,3 +174,23 @@ fn every_flipped_bit_is_reported_and_never_answered_wrongly() {
     );
     assert!(flips > 20_000);
 }
+
+/// Issue 11: a MANIFEST with bytes appended after its 1,024 still opened
+/// and verified ok. The manifest is exactly 1,024 bytes: anything longer
+/// is corruption naming the file and offset 1024.
+#[test]
+fn manifest_longer_than_1024_bytes_is_refused() {
+    let (storage, _) = build();
+    let mut bytes = storage.file_bytes("MANIFEST").unwrap();
+    bytes.push(0);
+    storage.set_file_bytes("MANIFEST", bytes);
+    let read_only = OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    let err = Bank::open(Arc::new(storage.clone()), read_only)
+        .err()
+        .expect("opened a 1,025-byte MANIFEST");
+    let text = err.to_string();
+    assert!(text.contains("MANIFEST") && text.contains("offset 1024"), "{text}");
+}

@@ -493,3 +493,35 @@ fn documented_constants_hold() {
     assert_eq!(format::default_rows_per_segment(1), 65_536);
     assert_eq!(format::default_rows_per_segment(16_384), 1024);
 }
+
+/// Every `reserved` row of a table is a range the decoder checks for
+/// zeros, and the decoder checks no other range: the code's named ranges
+/// equal the spec's reserved rows (issue 11: the WAL header's 12..16 and
+/// 32..60 were documented but never checked).
+#[test]
+fn reserved_ranges_match_code_constants() {
+    use std::ops::Range;
+    let tables = parse_tables(&spec_text());
+    let cases: Vec<(&str, Vec<Range<usize>>)> = vec![
+        ("Manifest", manifest::MANIFEST_RESERVED.to_vec()),
+        ("Tree entry", manifest::TREE_ENTRY_RESERVED.to_vec()),
+        ("Node row", row::ROW_RESERVED.to_vec()),
+        ("WAL header", wal::WAL_HEADER_RESERVED.to_vec()),
+        ("WAL record header", wal::RECORD_RESERVED.to_vec()),
+        ("WAL op header", wal::OP_HEADER_RESERVED.to_vec()),
+    ];
+    for (table, code) in cases {
+        let rows = tables
+            .get(table)
+            .unwrap_or_else(|| panic!("FORMAT.md has no `### Table: {table}`"));
+        let spec: Vec<Range<usize>> = rows
+            .iter()
+            .filter(|r| r.field == "reserved")
+            .map(|r| r.offset..r.offset + r.size)
+            .collect();
+        assert_eq!(
+            spec, code,
+            "FORMAT.md `{table}` reserved rows vs the code's reserved ranges"
+        );
+    }
+}

@@ -6,8 +6,9 @@ use std::time::Instant;
 use super::overlay::Mark;
 use super::{Bank, BankError, SyncPolicy};
 use crate::format::payload::check_record;
-use crate::format::row::{NodeType, Row};
+use crate::format::row::Row;
 use crate::format::wal::{MAX_RECORD_BODY_BYTES, WalOp, encode_ops};
+use crate::tree;
 
 impl Bank {
     /// Validates and applies every op of a transaction, or none of them.
@@ -65,45 +66,19 @@ impl Bank {
             offset_bytes: 0,
             detail: e.to_string(),
         })?;
-        if usize::from(row.tree) >= self.manifest.trees.len() {
-            return bad(format!("node {next}: tree {} does not exist", row.tree));
-        }
         self.check_shape(row)
     }
 
-    /// Parent, depth and type must agree with the tree rules.
+    /// Tree, parent, depth and type must agree with the tree rules.
     fn check_shape(&self, row: &Row) -> Result<(), BankError> {
-        let bad = |detail: String| {
-            Err(BankError::Corrupt {
+        let rule = tree::shape_violation(row, self.manifest.trees.len(), self.manifest.max_depth, |p| self.row(p))?;
+        match rule {
+            None => Ok(()),
+            Some(detail) => Err(BankError::Corrupt {
                 file: "WAL op".into(),
                 offset_bytes: 0,
                 detail,
-            })
-        };
-        if row.depth == 0 || row.depth > self.manifest.max_depth {
-            return bad(format!(
-                "node {}: depth {} outside 1..={}",
-                row.index, row.depth, self.manifest.max_depth
-            ));
-        }
-        match (row.parent(), row.node_type) {
-            (None, NodeType::Root) if row.depth == 1 => Ok(()),
-            (Some(parent), NodeType::Residual) if parent < row.index => {
-                let p = self.row(parent)?;
-                if p.tree != row.tree || p.depth + 1 != row.depth {
-                    return bad(format!(
-                        "node {}: parent {parent} is in another tree or at the wrong depth",
-                        row.index
-                    ));
-                }
-                Ok(())
-            }
-            _ => bad(format!(
-                "node {}: type {:?} does not fit parent {:?}",
-                row.index,
-                row.node_type,
-                row.parent()
-            )),
+            }),
         }
     }
 
@@ -168,6 +143,7 @@ impl Bank {
         let policy = policy.unwrap_or(writer.policy);
         self.sync_per_policy(policy)?;
         self.maybe_checkpoint()?;
+        assert!(self.writer.as_ref().is_some_and(|w| w.wal.next_lsn() > lsn));
         Ok(lsn)
     }
 
@@ -226,12 +202,34 @@ impl Bank {
         self.writer.as_ref().map(|w| w.policy)
     }
 
+    /// Checkpoints once the WAL is big enough, after a commit. The commit
+    /// is made before this runs, so only a failure to make its record
+    /// durable is the commit's failure: the WAL is synced first (as the
+    /// checkpoint would), and a checkpoint failure after that is recorded
+    /// (`checkpoint_failure`) and poisons the handle, but the commit is
+    /// reported as made. Reporting it as failed made callers retry a
+    /// change that was already durable (a hit counted twice).
     fn maybe_checkpoint(&mut self) -> Result<(), BankError> {
         let w = self.writer.as_ref().expect("writer");
-        if w.wal.size_bytes() >= w.checkpoint_wal_bytes {
-            self.checkpoint()?;
+        if w.wal.size_bytes() < w.checkpoint_wal_bytes {
+            return Ok(());
+        }
+        self.sync()?;
+        if let Err(e) = self.checkpoint() {
+            let w = self.writer.as_mut().expect("writer");
+            assert!(w.poisoned.is_some(), "a failed checkpoint poisons the bank");
+            assert!(!w.wal.has_unsynced(), "the commit was durable before the checkpoint");
+            w.checkpoint_failure = Some(e.to_string());
         }
         Ok(())
+    }
+
+    /// Why the checkpoint that ran after a commit failed, if one did. The
+    /// commit itself was made durable (its call returned `Ok`); the handle
+    /// is poisoned and refuses further writes until the bank is reopened,
+    /// which recovers everything from the WAL.
+    pub fn checkpoint_failure(&self) -> Option<&str> {
+        self.writer.as_ref()?.checkpoint_failure.as_deref()
     }
 }
 

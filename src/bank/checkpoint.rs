@@ -94,6 +94,10 @@ impl Bank {
         self.overlay.reset(count, manifest.payload_end_bytes);
         self.manifest = manifest;
         self.writer.as_mut().expect("writer").wal = wal;
+        // Everything committed is now in the data files and the new WAL
+        // continues the LSN sequence right after it.
+        assert!(self.overlay.is_empty() && self.last_lsn() == self.manifest.checkpoint_lsn);
+        assert!(!self.writer.as_ref().expect("writer").wal.has_unsynced());
         Ok(())
     }
 

@@ -58,6 +58,22 @@ pub enum BankError {
         offset_bytes: u64,
         detail: String,
     },
+    /// A WAL record in the middle of the log is damaged and intact records
+    /// follow it (FORMAT.md §8): not a torn tail, so nothing opens the bank
+    /// for writing until `Bank::repair` is asked to drop them.
+    #[error(
+        "corrupt {file} at offset {offset_bytes}: record {lsn} is damaged ({detail}) but records \
+         {first_dropped_lsn}..={last_dropped_lsn} after it are intact; opening for writing would drop them, \
+         so it is refused (`deltamem repair BANK --drop-damaged-wal-tail` drops them, losing those changes)"
+    )]
+    WalDamaged {
+        file: String,
+        offset_bytes: u64,
+        lsn: u64,
+        first_dropped_lsn: u64,
+        last_dropped_lsn: u64,
+        detail: String,
+    },
     #[error(transparent)]
     Tree(#[from] TreeError),
     #[error("batch item {position}: {source}")]
@@ -65,6 +81,17 @@ pub enum BankError {
 }
 
 impl BankError {
+    pub(crate) fn wal_damaged(file: String, damage: &crate::storage::wal::WalDamage) -> BankError {
+        BankError::WalDamaged {
+            file,
+            offset_bytes: damage.offset_bytes,
+            lsn: damage.lsn,
+            first_dropped_lsn: *damage.dropped_lsns.start(),
+            last_dropped_lsn: *damage.dropped_lsns.end(),
+            detail: damage.detail.clone(),
+        }
+    }
+
     /// Another process holds the writer lock (worth waiting for).
     pub fn is_locked(&self) -> bool {
         matches!(self, BankError::Storage(StorageError::Locked { .. }))

@@ -106,6 +106,8 @@ struct Writer {
     policy: SyncPolicy,
     /// Set after any failed write or fsync: the on-disk state is unknown.
     poisoned: Option<String>,
+    /// A checkpoint run after a durable commit failed (the commit stands).
+    checkpoint_failure: Option<String>,
     last_sync: Instant,
     checkpoint_wal_bytes: u64,
 }

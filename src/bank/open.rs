@@ -7,12 +7,12 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use super::base::Base;
 use super::overlay::Overlay;
 use super::{Bank, BankError, SyncPolicy, Writer};
-use crate::format::manifest::{MAX_TREES, Manifest, Precision, TREE_NAME_MAX_BYTES, TreeSpec};
+use crate::format::default_rows_per_segment;
+use crate::format::manifest::{Manifest, Precision, Settings, TreeSpec};
 use crate::format::wal::{WalHeader, WalOp, decode_ops};
-use crate::format::{MAX_DIM_COUNT, default_rows_per_segment};
-use crate::storage::wal::{WalScan, WalWriter, scan};
+use crate::storage::wal::{WalDamage, WalScan, WalWriter, scan};
 use crate::storage::{
-    FileStorage, MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, Storage, StorageError, payload_file, read_all,
+    FileStorage, MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, Storage, StorageError, WAL_FILE, payload_file, read_all,
     replace_atomically,
 };
 
@@ -59,61 +59,20 @@ impl BankConfig {
     }
 
     /// Checks every option and names the bad one; runs before anything
-    /// touches the disk.
+    /// touches the disk. The rules are the manifest's (`Settings`).
     pub fn validate(&self) -> Result<(), BankError> {
-        let bad = |m: String| Err(BankError::BadConfig(m));
-        if self.dim_count == 0 || self.dim_count > MAX_DIM_COUNT {
-            return bad(format!("--dim {} outside 1..={MAX_DIM_COUNT}", self.dim_count));
-        }
-        if self.trees.is_empty() || self.trees.len() > MAX_TREES {
-            return bad(format!("{} trees (allowed 1..={MAX_TREES})", self.trees.len()));
-        }
-        for (i, t) in self.trees.iter().enumerate() {
-            if t.name.is_empty() || t.name.len() > TREE_NAME_MAX_BYTES || t.name.contains('\0') {
-                return bad(format!(
-                    "tree name {:?} must be 1..={TREE_NAME_MAX_BYTES} bytes",
-                    t.name
-                ));
-            }
-            if let Err(m) = check_tau(t.tau) {
-                return bad(format!("tree {:?}: {m}", t.name));
-            }
-            if self.trees[..i].iter().any(|o| o.name == t.name) {
-                return bad(format!("tree {:?} given twice", t.name));
-            }
-        }
-        if let Err(m) = check_eps(self.eps) {
-            return bad(format!("--{m}"));
-        }
-        if self.max_depth == 0 {
-            return bad("--max-depth must be at least 1".into());
-        }
-        if self.consolidate_after == 0 {
-            return bad("--consolidate-after must be at least 1".into());
-        }
-        if self.rows_per_segment.is_some_and(|r| r == 0 || r > 1 << 20) {
-            return bad(format!(
-                "rows per segment {:?} outside 1..=1048576",
-                self.rows_per_segment
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// The range of a similarity threshold, for `init` and every query.
-pub fn check_tau(tau: f32) -> Result<(), String> {
-    match tau.is_finite() && (-1.0..=1.0).contains(&tau) {
-        true => Ok(()),
-        false => Err(format!("tau {tau} outside -1..=1")),
-    }
-}
-
-/// The range of the failure penalty, for `init` and every query.
-pub fn check_eps(eps: f32) -> Result<(), String> {
-    match eps.is_finite() && eps >= 0.0 {
-        true => Ok(()),
-        false => Err(format!("eps {eps} must be finite and >= 0")),
+        let settings = Settings {
+            dim_count: self.dim_count,
+            // The value `create` will use, so a default is checked too.
+            rows_per_segment: self
+                .rows_per_segment
+                .unwrap_or_else(|| default_rows_per_segment(self.dim_count)),
+            eps: self.eps,
+            max_depth: self.max_depth,
+            consolidate_after: self.consolidate_after,
+            trees: &self.trees,
+        };
+        settings.check().map_err(|(_, detail)| BankError::BadConfig(detail))
     }
 }
 
@@ -133,6 +92,20 @@ impl Default for OpenOptions {
             read_only: false,
             sync: SyncPolicy::Always,
             checkpoint_wal_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+impl Writer {
+    fn new(lock: Box<dyn Send + Sync>, wal: WalWriter, policy: SyncPolicy, checkpoint_wal_bytes: u64) -> Writer {
+        Writer {
+            _lock: lock,
+            wal,
+            policy,
+            poisoned: None,
+            checkpoint_failure: None,
+            last_sync: Instant::now(),
+            checkpoint_wal_bytes,
         }
     }
 }
@@ -215,14 +188,12 @@ impl Bank {
             .map_err(StorageError::io("truncate", storage.describe(&payload_file(0))))?;
         let wal = WalWriter::create(storage.as_ref(), WalHeader { salt, start_lsn: 1 })?;
         replace_atomically(storage.as_ref(), MANIFEST_FILE, MANIFEST_TMP_FILE, &manifest.encode())?;
-        let writer = Writer {
-            _lock: lock,
+        let writer = Writer::new(
+            lock,
             wal,
-            policy: SyncPolicy::Always,
-            poisoned: None,
-            last_sync: Instant::now(),
-            checkpoint_wal_bytes: OpenOptions::default().checkpoint_wal_bytes,
-        };
+            SyncPolicy::Always,
+            OpenOptions::default().checkpoint_wal_bytes,
+        );
         Ok(Bank::assemble(storage, manifest, Some(writer)))
     }
 
@@ -242,6 +213,31 @@ impl Bank {
     /// Opens a bank: as the single writer (taking the lock and recovering
     /// the WAL), or read-only (no lock; the WAL is replayed in memory only).
     pub fn open(storage: Arc<dyn Storage>, options: OpenOptions) -> Result<Bank, BankError> {
+        Bank::open_dropping(storage, options, false).map(|(bank, _)| bank)
+    }
+
+    /// Opens as the writer even when the WAL is damaged in the middle,
+    /// dropping the intact records after the damage (FORMAT.md §8), and
+    /// closes (checkpoints) the bank. Only for an explicit repair: those
+    /// records may hold acknowledged changes. Returns what was dropped
+    /// (None: the WAL had no such damage and nothing was dropped).
+    pub fn repair(storage: Arc<dyn Storage>) -> Result<Option<WalDamage>, BankError> {
+        let (bank, damage) = Bank::open_dropping(storage, OpenOptions::default(), true)?;
+        bank.close()?;
+        Ok(damage)
+    }
+
+    pub fn repair_dir(path: impl AsRef<Path>) -> Result<Option<WalDamage>, BankError> {
+        Bank::repair(Arc::new(FileStorage::new(path.as_ref())))
+    }
+
+    /// `open`; `drop_damaged` lets a writer truncate a WAL damaged in the
+    /// middle. Returns the damage it dropped.
+    fn open_dropping(
+        storage: Arc<dyn Storage>,
+        options: OpenOptions,
+        drop_damaged: bool,
+    ) -> Result<(Bank, Option<WalDamage>), BankError> {
         if !options.read_only && read_manifest(storage.as_ref())?.is_frozen() {
             // Checked before locking so a frozen directory is never written.
             return Err(BankError::ReadOnly(format!(
@@ -261,9 +257,15 @@ impl Bank {
                 storage.describe("")
             )));
         }
+        let stale = wal_scan.header.salt != manifest.wal_salt;
+        let damage = if stale { None } else { wal_scan.damage.clone() };
+        if let Some(d) = &damage
+            && !(drop_damaged && lock.is_some())
+        {
+            return Err(BankError::wal_damaged(storage.describe(WAL_FILE), d));
+        }
         let mut bank = Bank::assemble(storage.clone(), manifest, None);
         bank.base.retry_torn_rows = options.read_only;
-        let stale = wal_scan.header.salt != bank.manifest.wal_salt;
         if !stale {
             bank.replay(&wal_scan)?;
         }
@@ -276,21 +278,14 @@ impl Bank {
                 };
                 WalWriter::create(storage.as_ref(), header)?
             } else {
-                WalWriter::resume(storage.as_ref(), &wal_scan)?
+                WalWriter::resume(storage.as_ref(), &wal_scan, drop_damaged)?
             };
-            bank.writer = Some(Writer {
-                _lock: lock,
-                wal,
-                policy: options.sync,
-                poisoned: None,
-                last_sync: Instant::now(),
-                checkpoint_wal_bytes: options.checkpoint_wal_bytes,
-            });
+            bank.writer = Some(Writer::new(lock, wal, options.sync, options.checkpoint_wal_bytes));
             // Files of other generations are what a crashed compact left.
             let live = bank.manifest.generation;
             bank.remove_data_files(|g| g != live)?;
         }
-        Ok(bank)
+        Ok((bank, damage))
     }
 
     /// Applies the records the checkpoint lacks. A record whose CRC holds
@@ -334,18 +329,24 @@ impl Bank {
     }
 }
 
+/// How often a reader reads the WAL again before it believes what it saw.
+pub(crate) const WAL_READ_ATTEMPTS: u32 = 5;
+
 /// Reads the manifest and the WAL. A reader can race a writer's checkpoint
 /// (new manifest, then new WAL) and see the old manifest with the new WAL;
-/// the salts then differ, so it reads both again. A writer holds the lock,
-/// so for it a salt mismatch is a real stale WAL left by a crash.
+/// the salts then differ, so it reads both again. It also reads again when
+/// the WAL looks damaged in the middle, in case it caught a write in
+/// progress; a record still being written is always the last one, so it
+/// reads as a torn tail, never as damage, once it is whole. A writer holds
+/// the lock, so for it a salt mismatch is a real stale WAL left by a crash.
 fn read_consistent_state(storage: &dyn Storage, read_only: bool) -> Result<(Manifest, WalScan), BankError> {
-    const ATTEMPTS: u32 = 5;
     let mut attempt = 0;
     loop {
         let manifest = read_manifest(storage)?;
         let wal_scan = scan(storage)?;
         attempt += 1;
-        if !read_only || wal_scan.header.salt == manifest.wal_salt || attempt == ATTEMPTS {
+        let settled = wal_scan.header.salt == manifest.wal_salt && wal_scan.damage.is_none();
+        if !read_only || settled || attempt == WAL_READ_ATTEMPTS {
             return Ok((manifest, wal_scan));
         }
     }

@@ -59,20 +59,15 @@ pub fn run(args: &ImportArgs, quiet: bool) -> anyhow::Result<Status> {
     }
 }
 
-/// Runs `work` on the writer and closes the bank whatever happened, so a
-/// failed import still releases the lock and checkpoints what it stored.
+/// Runs `work` on the writer (`super::with_writer`) under the import's
+/// sync policy; a failed import still releases the lock and checkpoints
+/// what it stored.
 pub fn with_writer<T>(
     path: &Path,
     sync: SyncArg,
     work: impl FnOnce(&mut Bank) -> anyhow::Result<T>,
-) -> anyhow::Result<T> {
-    let mut bank = super::open_write(path)?;
-    bank.set_sync_policy(sync.policy());
-    let result = work(&mut bank);
-    let closed = super::close(bank, path);
-    let value = result?;
-    closed?;
-    Ok(value)
+) -> anyhow::Result<(T, Status)> {
+    super::with_writer(path, Some(sync.policy()), work)
 }
 
 fn run_reference(args: &ImportArgs, file: &Path, quiet: bool) -> anyhow::Result<Status> {
@@ -83,7 +78,7 @@ fn run_reference(args: &ImportArgs, file: &Path, quiet: bool) -> anyhow::Result<
         sync: None,
         max_batch_nodes: args.batch as usize,
     };
-    let (report, acks) = with_writer(&args.bank, args.sync, |bank| {
+    let ((report, acks), status) = with_writer(&args.bank, args.sync, |bank| {
         let report = reference::import_tree(bank, &args.tree, &source, &options, &mut |done, _| progress.set(done))?;
         let mut acks = Vec::with_capacity(report.ids.len());
         for &id in &report.ids {
@@ -119,5 +114,5 @@ fn run_reference(args: &ImportArgs, file: &Path, quiet: bool) -> anyhow::Result<
             report.placeholders_dropped,
         );
     }
-    Ok(Status::Ok)
+    Ok(status)
 }

@@ -438,7 +438,7 @@ pub fn run(args: &ImportArgs, npy: &Path, quiet: bool) -> anyhow::Result<Status>
         None => args,
     };
     let read_from = npy_copy.as_deref().unwrap_or(npy);
-    let mut session = with_writer(&args.bank, args.sync, |bank| import_rows(args, read_from, quiet, bank))?;
+    let (mut session, status) = with_writer(&args.bank, args.sync, |bank| import_rows(args, read_from, quiet, bank))?;
     // Closed cleanly: everything is checkpointed, every line may go out.
     session.flush_ready(u64::MAX)?;
     if !quiet {
@@ -457,6 +457,6 @@ pub fn run(args: &ImportArgs, npy: &Path, quiet: bool) -> anyhow::Result<Status>
     Ok(if session.rejected_rows > 0 {
         Status::Failed
     } else {
-        Status::Ok
+        status
     })
 }

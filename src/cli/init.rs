@@ -115,32 +115,7 @@ struct BankOut<'a> {
     precision: &'static str,
 }
 
-/// Checks what the library leaves to its caller, so the error names the
-/// option instead of surfacing later as a strange tree behaviour.
-fn check(args: &InitArgs) -> anyhow::Result<()> {
-    if args.max_depth == Some(0) {
-        anyhow::bail!("--max-depth must be at least 1 (a chain holds at least its root)");
-    }
-    if args.consolidate_after == Some(0) {
-        anyhow::bail!("--consolidate-after must be at least 1");
-    }
-    if args.rows_per_segment == Some(0) {
-        anyhow::bail!("--rows-per-segment must be at least 1");
-    }
-    if let Some(eps) = args.eps.filter(|e| !e.is_finite() || *e < 0.0) {
-        anyhow::bail!("--eps {eps} must be a finite, non-negative number");
-    }
-    let mut seen = std::collections::BTreeSet::new();
-    for t in &args.trees {
-        if !seen.insert(t.name.as_str()) {
-            anyhow::bail!("tree {:?} is given twice", t.name);
-        }
-    }
-    Ok(())
-}
-
 pub fn run(path: &Path, args: InitArgs) -> anyhow::Result<Status> {
-    check(&args)?;
     let bank =
         Bank::create_dir(path, args.config()).with_context(|| format!("cannot create a bank in {}", path.display()))?;
     let manifest = bank.manifest().clone();

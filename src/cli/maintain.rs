@@ -1,4 +1,4 @@
-//! `deltamem freeze` and `deltamem compact`: rewriting a bank's files.
+//! `deltamem freeze`, `compact` and `repair`: rewriting a bank's files.
 
 use std::io::Write;
 use std::path::Path;
@@ -81,6 +81,47 @@ pub fn compact(path: &Path, quiet: bool) -> anyhow::Result<Status> {
         bytes_before: report.bytes_before,
         bytes_after: report.bytes_after,
         generation: report.generation,
+    })?;
+    Ok(Status::Ok)
+}
+
+#[derive(Serialize)]
+struct RepairOut {
+    bank: String,
+    /// False when the WAL had no damage to drop (or the flag was not given).
+    repaired: bool,
+    damaged_lsn: Option<u64>,
+    damaged_offset_bytes: Option<u64>,
+    dropped_lsns: Option<[u64; 2]>,
+}
+
+/// Reports (or, with `drop`, drops) the intact WAL records that follow a
+/// damaged one. Without `drop` it opens read-only and changes nothing;
+/// exit status 1 then means there is damage to repair.
+pub fn repair(path: &Path, drop: bool) -> anyhow::Result<Status> {
+    let damage = if drop {
+        deltamem::Bank::repair_dir(path).with_context(|| format!("cannot repair {}", path.display()))?
+    } else {
+        match super::open_read(path) {
+            Ok(_) => None,
+            Err(e) => match e.downcast_ref::<deltamem::BankError>() {
+                Some(damaged @ deltamem::BankError::WalDamaged { .. }) => {
+                    eprintln!("deltamem: {damaged}");
+                    eprintln!("deltamem: nothing changed; pass --drop-damaged-wal-tail to drop those records");
+                    return Ok(Status::Failed);
+                }
+                _ => return Err(e),
+            },
+        }
+    };
+    print(&RepairOut {
+        bank: path.display().to_string(),
+        repaired: damage.is_some(),
+        damaged_lsn: damage.as_ref().map(|d| d.lsn),
+        damaged_offset_bytes: damage.as_ref().map(|d| d.offset_bytes),
+        dropped_lsns: damage
+            .as_ref()
+            .map(|d| [*d.dropped_lsns.start(), *d.dropped_lsns.end()]),
     })?;
     Ok(Status::Ok)
 }

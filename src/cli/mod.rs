@@ -28,7 +28,7 @@ use std::path::Path;
 use std::str::FromStr;
 
 use anyhow::Context;
-use deltamem::{Bank, BankError, NodeRef, OpenOptions};
+use deltamem::{Bank, BankError, NodeRef, OpenOptions, SyncPolicy};
 use serde::Serialize;
 
 pub use init::TreeArg;
@@ -40,6 +40,10 @@ pub enum Status {
     /// Something was already reported on stderr (a rejected input line, a
     /// failed check): exit 1 without another message.
     Failed,
+    /// The change was made durable (it is in the WAL) and its result
+    /// printed, but the checkpoint when closing failed: exit 3. Do not
+    /// retry the change; the next open recovers it from the WAL.
+    SavedCheckpointFailed,
 }
 
 /// A node named on the command line: digits are an index, anything else
@@ -95,6 +99,41 @@ pub fn resolve(bank: &Bank, node: &NodeArg, path: &Path) -> anyhow::Result<u32> 
 pub fn close(bank: Bank, path: &Path) -> anyhow::Result<()> {
     bank.close()
         .with_context(|| format!("cannot close {} cleanly", path.display()))
+}
+
+/// Runs `work` on the writer and closes the bank whatever happened, so a
+/// refused change still releases the lock. When the work succeeded and
+/// everything it wrote is durable, a failed close (its checkpoint) does not
+/// make the change a failure: it is said on stderr and the value comes back
+/// with `Status::SavedCheckpointFailed`, so the caller still prints its
+/// result and a retry does not repeat a change already made.
+pub fn with_writer<T>(
+    path: &Path,
+    policy: Option<SyncPolicy>,
+    work: impl FnOnce(&mut Bank) -> anyhow::Result<T>,
+) -> anyhow::Result<(T, Status)> {
+    let mut bank = open_write(path)?;
+    if let Some(policy) = policy {
+        bank.set_sync_policy(policy);
+    }
+    let result = work(&mut bank);
+    // A commit's own checkpoint may have failed already (its record was
+    // synced first); otherwise sync now: only a durable change is saved.
+    let durable = result.is_ok() && (bank.checkpoint_failure().is_some() || bank.sync().is_ok());
+    let closed = close(bank, path);
+    let value = result?;
+    match closed {
+        Ok(()) => Ok((value, Status::Ok)),
+        Err(e) if durable => {
+            eprintln!("deltamem: the change is saved (durable in the WAL), but the checkpoint after it failed: {e:#}");
+            eprintln!(
+                "deltamem: do not repeat the change; the next open of {} recovers it",
+                path.display()
+            );
+            Ok((value, Status::SavedCheckpointFailed))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Errors caused by what the caller sent, as opposed to the bank or the

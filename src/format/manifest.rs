@@ -37,6 +37,17 @@ pub const TREE_TAU_OFFSET: usize = 40;
 /// Manifest flag: the bank is frozen (read-only forever, WAL empty).
 pub const MANIFEST_FLAG_FROZEN: u32 = 1;
 
+/// Byte ranges of the manifest that must be zero (FORMAT.md "Manifest").
+pub const MANIFEST_RESERVED: [std::ops::Range<usize>; 3] = [
+    MAN_PRECISION_OFFSET + 1..MAN_CONSOLIDATE_AFTER_OFFSET,
+    MAN_CREATED_OFFSET + 8..MAN_TREES_OFFSET,
+    MAN_TREES_OFFSET + MAX_TREES * TREE_ENTRY_SIZE_BYTES..MAN_CRC_OFFSET,
+];
+/// Byte ranges of a tree entry that must be zero (FORMAT.md "Tree entry").
+// An array of one range (not the range itself), like every table's.
+#[allow(clippy::single_range_in_vec_init)]
+pub const TREE_ENTRY_RESERVED: [std::ops::Range<usize>; 1] = [TREE_TAU_OFFSET + 4..TREE_ENTRY_SIZE_BYTES];
+
 /// How the embedding column is stored, fixed at `init` (FORMAT.md §1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Precision {
@@ -175,6 +186,15 @@ impl Manifest {
 
     pub fn decode(b: &[u8]) -> Result<Manifest, FormatError> {
         need(WHAT, b, MANIFEST_SIZE_BYTES)?;
+        if b.len() != MANIFEST_SIZE_BYTES {
+            // Bytes past the CRC'd 1,024 are not the manifest's: a file
+            // that long was not written by a checkpoint.
+            return Err(FormatError::Invalid {
+                what: WHAT,
+                offset_bytes: MANIFEST_SIZE_BYTES as u64,
+                detail: format!("file is {} bytes, a manifest is exactly {MANIFEST_SIZE_BYTES}", b.len()),
+            });
+        }
         if b[..8] != MANIFEST_MAGIC {
             return Err(FormatError::BadMagic {
                 what: WHAT,
@@ -197,11 +217,7 @@ impl Manifest {
             get_u32(b, MAN_CRC_OFFSET),
             crc32(&b[..MAN_CRC_OFFSET]),
         )?;
-        for reserved in [
-            MAN_PRECISION_OFFSET + 1..MAN_CONSOLIDATE_AFTER_OFFSET,
-            96..MAN_TREES_OFFSET,
-            MAN_TREES_OFFSET + MAX_TREES * TREE_ENTRY_SIZE_BYTES..MAN_CRC_OFFSET,
-        ] {
+        for reserved in MANIFEST_RESERVED {
             check_zero(WHAT, b, reserved)?;
         }
         let flags = get_u32(b, MAN_FLAGS_OFFSET);
@@ -249,11 +265,16 @@ impl Manifest {
                 detail,
             })
         };
-        if self.dim_count == 0 || self.dim_count > MAX_DIM_COUNT {
-            return bad(
-                MAN_DIM_OFFSET,
-                format!("dimension {} outside 1..={MAX_DIM_COUNT}", self.dim_count),
-            );
+        let settings = Settings {
+            dim_count: self.dim_count,
+            rows_per_segment: self.rows_per_segment,
+            eps: self.eps,
+            max_depth: self.max_depth,
+            consolidate_after: self.consolidate_after,
+            trees: &self.trees,
+        };
+        if let Err((offset, detail)) = settings.check() {
+            return bad(offset, detail);
         }
         if self.row_stride_bytes != self.precision.vector_stride_bytes(self.dim_count) {
             return bad(
@@ -261,34 +282,88 @@ impl Manifest {
                 format!("row stride {} does not match dimension", self.row_stride_bytes),
             );
         }
-        if self.rows_per_segment == 0 || self.rows_per_segment > 1 << 20 {
-            return bad(
-                MAN_ROWS_PER_SEGMENT_OFFSET,
-                format!("rows per segment {}", self.rows_per_segment),
-            );
-        }
-        if !(self.eps.is_finite() && self.eps >= 0.0) {
-            return bad(MAN_EPS_OFFSET, format!("eps {}", self.eps));
-        }
-        if self.max_depth == 0 {
-            return bad(MAN_MAX_DEPTH_OFFSET, "max depth 0".into());
-        }
-        if self.consolidate_after == 0 {
-            return bad(MAN_CONSOLIDATE_AFTER_OFFSET, "consolidate-after 0".into());
-        }
         if self.node_count >= u64::from(NODE_NONE) {
             return bad(MAN_NODE_COUNT_OFFSET, format!("node count {}", self.node_count));
         }
-        if self.trees.is_empty() {
-            return bad(MAN_TREE_COUNT_OFFSET, "no trees".into());
+        Ok(())
+    }
+}
+
+/// Rows per segment a bank may have (`rows_per_segment`).
+pub const MIN_ROWS_PER_SEGMENT: u32 = 1;
+pub const MAX_ROWS_PER_SEGMENT: u32 = 1 << 20;
+
+/// The range of a similarity threshold: for `init` and for every query.
+pub fn check_tau(tau: f32) -> Result<(), String> {
+    match tau.is_finite() && (-1.0..=1.0).contains(&tau) {
+        true => Ok(()),
+        false => Err(format!("tau {tau} outside -1..=1")),
+    }
+}
+
+/// The range of the failure penalty: for `init` and for every query.
+pub fn check_eps(eps: f32) -> Result<(), String> {
+    match eps.is_finite() && eps >= 0.0 {
+        true => Ok(()),
+        false => Err(format!("eps {eps} must be finite and >= 0")),
+    }
+}
+
+/// The settings fixed at `init`, as the rules of FORMAT.md §4 and §10 see
+/// them: the one home of those rules, for `BankConfig::validate` (before
+/// anything is written) and `Manifest::validate` (on every decode).
+pub struct Settings<'a> {
+    pub dim_count: u32,
+    pub rows_per_segment: u32,
+    pub eps: f32,
+    pub max_depth: u8,
+    pub consolidate_after: u32,
+    pub trees: &'a [TreeSpec],
+}
+
+impl Settings<'_> {
+    /// The first rule broken: the manifest offset of the field and what is
+    /// wrong, naming the field and its allowed range.
+    pub fn check(&self) -> Result<(), (usize, String)> {
+        if self.dim_count == 0 || self.dim_count > MAX_DIM_COUNT {
+            let detail = format!("dimension {} outside 1..={MAX_DIM_COUNT}", self.dim_count);
+            return Err((MAN_DIM_OFFSET, detail));
+        }
+        if !(MIN_ROWS_PER_SEGMENT..=MAX_ROWS_PER_SEGMENT).contains(&self.rows_per_segment) {
+            let detail = format!(
+                "rows per segment {} outside {MIN_ROWS_PER_SEGMENT}..={MAX_ROWS_PER_SEGMENT}",
+                self.rows_per_segment
+            );
+            return Err((MAN_ROWS_PER_SEGMENT_OFFSET, detail));
+        }
+        check_eps(self.eps).map_err(|detail| (MAN_EPS_OFFSET, detail))?;
+        if self.max_depth == 0 {
+            return Err((MAN_MAX_DEPTH_OFFSET, "max depth 0 outside 1..=255".into()));
+        }
+        if self.consolidate_after == 0 {
+            return Err((
+                MAN_CONSOLIDATE_AFTER_OFFSET,
+                "consolidate-after 0 must be at least 1".into(),
+            ));
+        }
+        if self.trees.is_empty() || self.trees.len() > MAX_TREES {
+            let detail = format!("{} trees, allowed 1..={MAX_TREES}", self.trees.len());
+            return Err((MAN_TREE_COUNT_OFFSET, detail));
         }
         for (i, tree) in self.trees.iter().enumerate() {
             let at = MAN_TREES_OFFSET + i * TREE_ENTRY_SIZE_BYTES;
-            if !(tree.tau.is_finite() && (-1.0..=1.0).contains(&tree.tau)) {
-                return bad(at + TREE_TAU_OFFSET, format!("tree {:?} tau {}", tree.name, tree.tau));
+            if tree.name.is_empty() || tree.name.len() > TREE_NAME_MAX_BYTES || tree.name.contains('\0') {
+                let detail = format!(
+                    "tree name {:?} must be 1..={TREE_NAME_MAX_BYTES} bytes, no NUL",
+                    tree.name
+                );
+                return Err((at, detail));
+            }
+            if let Err(detail) = check_tau(tree.tau) {
+                return Err((at + TREE_TAU_OFFSET, format!("tree {:?}: {detail}", tree.name)));
             }
             if self.trees[..i].iter().any(|t| t.name == tree.name) {
-                return bad(at, format!("duplicate tree name {:?}", tree.name));
+                return Err((at, format!("tree {:?} given twice", tree.name)));
             }
         }
         Ok(())
@@ -314,7 +389,9 @@ fn decode_trees(b: &[u8]) -> Result<Vec<TreeSpec>, FormatError> {
         let raw = &b[at..at + TREE_NAME_MAX_BYTES];
         let len = raw.iter().position(|&c| c == 0).unwrap_or(TREE_NAME_MAX_BYTES);
         check_zero(WHAT, b, at + len..at + TREE_NAME_MAX_BYTES)?;
-        check_zero(WHAT, b, at + TREE_TAU_OFFSET + 4..at + TREE_ENTRY_SIZE_BYTES)?;
+        for reserved in TREE_ENTRY_RESERVED {
+            check_zero(WHAT, b, at + reserved.start..at + reserved.end)?;
+        }
         let name = std::str::from_utf8(&raw[..len]).map_err(|_| FormatError::Invalid {
             what: WHAT,
             offset_bytes: at as u64,

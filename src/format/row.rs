@@ -25,6 +25,13 @@ pub const ROW_CRC_OFFSET: usize = 124;
 
 pub const EXTERNAL_ID_MAX_BYTES: usize = 16;
 
+/// Byte ranges of a row that must be zero (FORMAT.md "Node row").
+pub const ROW_RESERVED: [std::ops::Range<usize>; 3] = [
+    ROW_FLAGS_OFFSET + 1..ROW_SUCCESS_HITS_OFFSET,
+    ROW_PAYLOAD_SIZE_OFFSET + 4..ROW_CREATED_OFFSET,
+    ROW_EXTERNAL_ID_OFFSET + EXTERNAL_ID_MAX_BYTES..ROW_CRC_OFFSET,
+];
+
 /// Row flag: this node's chain was distilled into a new root.
 pub const FLAG_CONSOLIDATED: u8 = 1 << 0;
 /// Row flag: this root was produced by consolidation.
@@ -174,7 +181,7 @@ impl Row {
         if flags & !KNOWN_FLAGS != 0 {
             return Err(invalid(ROW_FLAGS_OFFSET, format!("unknown flags {flags:#04x}")));
         }
-        for reserved in [14..16, 44..48, 72..ROW_CRC_OFFSET] {
+        for reserved in ROW_RESERVED {
             check_zero(WHAT, b, reserved)?;
         }
         let mut external_id = [0u8; EXTERNAL_ID_MAX_BYTES];

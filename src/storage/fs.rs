@@ -69,13 +69,34 @@ impl StorageFile for RealFile {
         if self.len_bytes()? == 0 {
             return Ok(Mapping::new(Arc::new(EmptyMap)));
         }
-        // SAFETY: the engine maps only segment files, which are created at
-        // their final size and never truncated while the bank exists; other
-        // processes write them only at checkpoints, and only rows beyond
-        // this process's view or rows rewritten with the same contents'
-        // newer image. Every row read through a mapping is CRC-checked
-        // before its contents are trusted, so a concurrent rewrite shows up
-        // as a checksum error, never as undefined values being acted on.
+        // SAFETY: the mapping stays valid and every byte read through it
+        // is a plain integer for which any value is meaningful:
+        // * The engine maps only segment files. They are created at their
+        //   final size and never shrunk while a manifest refers to them
+        //   (compact writes a new generation and removes the old files,
+        //   which leaves existing mappings intact), so no access faults.
+        // * Another process (the writer) changes a mapped segment only in
+        //   a checkpoint, in two ways. It writes rows and vectors of new
+        //   nodes past this handle's `node_count`, which this handle never
+        //   reads. And it rewrites rows of existing nodes in place, whole
+        //   128-byte images with a fresh CRC, where only `success_hits`,
+        //   `retrievals`, `flags` and `link` differ from before; vectors
+        //   are never rewritten.
+        // * Rows and vectors are CRC-checked when the segment is first
+        //   mapped and `Bank::row` re-checks a row's CRC on every read, so
+        //   a row caught mid-rewrite is an error there (readers retry it),
+        //   never a wrong value. The scan is the exception: for speed it
+        //   reads `tree`, `label`, `depth`, `flags` and `link` straight from
+        //   the mapping, without the CRC. `tree`, `label` and `depth` are
+        //   immutable, so a rewrite stores the same bytes. `flags` only go
+        //   up (FLAG_CONSOLIDATED is set once, never cleared) and `link`
+        //   changes only with it, from NODE_NONE to the new root. The scan
+        //   uses them only in comparisons (no index or pointer is derived
+        //   from them), and masks the flag with `consolidation_in_force`:
+        //   a consolidation into a root this handle cannot see (`link` >=
+        //   its node count) is ignored. The worst a torn read can do is
+        //   show or hide one node for one query, as if the query had run
+        //   just before or after the writer's checkpoint.
         let map = unsafe { memmap2::Mmap::map(&self.file)? };
         Ok(Mapping::new(Arc::new(RealMap(map))))
     }
@@ -131,10 +152,10 @@ impl Storage for FileStorage {
         match file.try_lock() {
             Ok(()) => Ok(Box::new(file)),
             Err(TryLockError::WouldBlock) => Err(StorageError::Locked { file: desc }),
-            Err(TryLockError::Error(source)) => Err(StorageError::Io {
+            Err(TryLockError::Error(cause)) => Err(StorageError::Io {
                 op: "lock",
                 file: desc,
-                source,
+                cause,
             }),
         }
     }

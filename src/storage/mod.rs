@@ -67,19 +67,22 @@ pub fn data_file_generation(name: &str) -> Option<u32> {
     }
 }
 
+/// Each message is complete by itself (it names its cause), so the cause
+/// is not also exposed as `source()`: a chain printer (anyhow's `{:#}`)
+/// would print it twice ("Is a directory: Is a directory").
 #[derive(Debug, Error)]
 pub enum StorageError {
-    #[error("{op} {file}: {source}")]
+    #[error("{op} {file}: {cause}")]
     Io {
         op: &'static str,
         file: String,
-        source: io::Error,
+        cause: io::Error,
     },
-    #[error("corrupt {file} at offset {offset_bytes}: {source}")]
+    #[error("corrupt {file} at offset {offset_bytes}: {error}")]
     Corrupt {
         file: String,
         offset_bytes: u64,
-        source: FormatError,
+        error: FormatError,
     },
     #[error("bank is locked by another process ({file})")]
     Locked { file: String },
@@ -88,16 +91,16 @@ pub enum StorageError {
 impl StorageError {
     pub fn io(op: &'static str, file: impl Into<String>) -> impl FnOnce(io::Error) -> StorageError {
         let file = file.into();
-        move |source| StorageError::Io { op, file, source }
+        move |cause| StorageError::Io { op, file, cause }
     }
 
     /// Wraps a decode error found at `base_offset_bytes` within `file`.
-    pub fn corrupt(file: impl Into<String>, base_offset_bytes: u64, source: FormatError) -> StorageError {
-        let offset_bytes = base_offset_bytes + source.offset_bytes();
+    pub fn corrupt(file: impl Into<String>, base_offset_bytes: u64, error: FormatError) -> StorageError {
+        let offset_bytes = base_offset_bytes + error.offset_bytes();
         StorageError::Corrupt {
             file: file.into(),
             offset_bytes,
-            source,
+            error,
         }
     }
 }

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use super::{OpenMode, Storage, StorageError, StorageFile, WAL_FILE, WAL_TMP_FILE, replace_atomically};
 use crate::format::wal::{
-    MAX_RECORD_BODY_BYTES, RECORD_HEADER_SIZE_BYTES, WAL_HEADER_SIZE_BYTES, WalHeader, decode_record_header,
-    encode_record, verify_record,
+    MAX_RECORD_BODY_BYTES, REC_LSN_OFFSET, RECORD_HEADER_SIZE_BYTES, WAL_HEADER_SIZE_BYTES, WalHeader,
+    decode_record_header, encode_record, verify_record,
 };
 
 /// One valid record found by a scan; `body` indexes `WalScan::buf`.
@@ -31,6 +31,26 @@ pub struct WalScan {
     pub last_crc: u32,
     /// Why the scan stopped before the end of the file, if it did.
     pub stop_reason: Option<StorageError>,
+    /// Set when intact records follow the record the scan stopped at: the
+    /// stop is damage in the middle of the log, not a torn tail (FORMAT.md
+    /// §8), and truncating there would drop those records.
+    pub damage: Option<WalDamage>,
+}
+
+/// A record that is not intact followed by records that are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WalDamage {
+    /// Where the damaged record starts (= `WalScan::valid_end_bytes`).
+    pub offset_bytes: u64,
+    /// The LSN the damaged record should carry.
+    pub lsn: u64,
+    /// Where the first intact record after it starts.
+    pub intact_offset_bytes: u64,
+    /// LSNs of the records after the damage that truncation would drop:
+    /// the first intact one through the end of its chain.
+    pub dropped_lsns: std::ops::RangeInclusive<u64>,
+    /// Why the damaged record failed its checks.
+    pub detail: String,
 }
 
 impl WalScan {
@@ -44,46 +64,135 @@ impl WalScan {
 }
 
 /// Reads the WAL and follows its chain to the first invalid record. A
-/// corrupt header is an error; an invalid record just ends the scan.
+/// corrupt header is an error; an invalid record ends the scan, and the
+/// bytes after it are searched for intact records to tell damage in the
+/// middle from a torn tail.
 pub fn scan(storage: &dyn Storage) -> Result<WalScan, StorageError> {
     let desc = storage.describe(WAL_FILE);
     let buf = super::read_all(storage, WAL_FILE)?;
     let header = WalHeader::decode(&buf).map_err(|e| StorageError::corrupt(desc.clone(), 0, e))?;
-    let mut prev_crc = header.chain_seed();
-    let mut next_lsn = header.start_lsn;
-    let mut at = WAL_HEADER_SIZE_BYTES;
-    let mut records = Vec::new();
+    let chain = follow_chain(&buf, WAL_HEADER_SIZE_BYTES, header.chain_seed(), header.start_lsn);
+    let at = chain.end_bytes;
+    let next_lsn = header.start_lsn + chain.records.len() as u64;
     let mut stop_reason = None;
-    // Bounded: every iteration consumes at least one record header.
-    while at < buf.len() {
-        match check_one(&buf[at..], prev_crc, next_lsn) {
-            Ok((h, len)) => {
-                let body = at + RECORD_HEADER_SIZE_BYTES..at + len;
-                records.push(ScannedRecord {
-                    lsn: h.lsn,
-                    op_count: h.op_count,
-                    offset_bytes: at as u64,
-                    body,
-                });
-                prev_crc = h.crc;
-                next_lsn += 1;
-                at += len;
-            }
-            Err(e) => {
-                stop_reason = Some(StorageError::corrupt(desc.clone(), at as u64, e));
-                break;
-            }
-        }
+    let mut damage = None;
+    if let Some(e) = chain.stop {
+        damage = find_intact_after(&buf, at, chain.last_crc, next_lsn).map(|(intact_at, dropped)| WalDamage {
+            offset_bytes: at as u64,
+            lsn: next_lsn,
+            intact_offset_bytes: intact_at as u64,
+            dropped_lsns: dropped,
+            detail: e.to_string(),
+        });
+        stop_reason = Some(StorageError::corrupt(desc.clone(), at as u64, e));
     }
+    assert!(at <= buf.len() && (stop_reason.is_some() || at == buf.len()));
     Ok(WalScan {
         header,
         file_len_bytes: buf.len() as u64,
         buf,
-        records,
+        records: chain.records,
         valid_end_bytes: at as u64,
-        last_crc: prev_crc,
+        last_crc: chain.last_crc,
         stop_reason,
+        damage,
     })
+}
+
+/// Records that chain from `seed` starting at `from`, up to the first
+/// that does not verify (or the end of `buf`).
+struct Chain {
+    records: Vec<ScannedRecord>,
+    end_bytes: usize,
+    last_crc: u32,
+    stop: Option<crate::format::FormatError>,
+}
+
+fn follow_chain(buf: &[u8], from: usize, seed: u32, first_lsn: u64) -> Chain {
+    let mut chain = Chain {
+        records: Vec::new(),
+        end_bytes: from,
+        last_crc: seed,
+        stop: None,
+    };
+    let mut lsn = first_lsn;
+    // Bounded: every iteration consumes at least one record header.
+    while chain.end_bytes < buf.len() {
+        let at = chain.end_bytes;
+        match check_one(&buf[at..], chain.last_crc, lsn) {
+            Ok((h, len)) => {
+                assert!(len >= RECORD_HEADER_SIZE_BYTES && h.lsn == lsn);
+                chain.records.push(ScannedRecord {
+                    lsn: h.lsn,
+                    op_count: h.op_count,
+                    offset_bytes: at as u64,
+                    body: at + RECORD_HEADER_SIZE_BYTES..at + len,
+                });
+                chain.last_crc = h.crc;
+                chain.end_bytes += len;
+                lsn += 1;
+            }
+            Err(e) => {
+                chain.stop = Some(e);
+                break;
+            }
+        }
+    }
+    chain
+}
+
+/// Looks past a record at `at` that failed to verify (expected `lsn`,
+/// chained from `prev_crc`) for intact records of the same log. Found:
+/// the first one's offset and the LSNs of the chain it starts.
+///
+/// A record after the damaged one counts as intact if it carries the next
+/// LSN and chains from the damaged record's CRC (as stored, or as computed
+/// over the damaged bytes, for when the stored CRC is what was hit), or if
+/// a record chained from its own stored CRC follows it (damage spanning
+/// several records). The search walks every byte offset, so a damaged
+/// `body_size` cannot hide what follows; it only runs when a scan stops
+/// early and only over the bytes after that point.
+fn find_intact_after(buf: &[u8], at: usize, prev_crc: u32, lsn: u64) -> Option<(usize, std::ops::RangeInclusive<u64>)> {
+    let seeds = damaged_record_crcs(&buf[at..], prev_crc);
+    // Every record takes at least a header: no later LSN can be further.
+    let max_gap = ((buf.len() - at) / RECORD_HEADER_SIZE_BYTES) as u64;
+    let last_start = buf.len().checked_sub(RECORD_HEADER_SIZE_BYTES)?;
+    for p in at + 1..=last_start {
+        let found = crate::format::get_u64(buf, p + REC_LSN_OFFSET);
+        if found <= lsn || found - lsn > max_gap {
+            continue;
+        }
+        if found == lsn + 1
+            && let Some(&seed) = seeds.iter().find(|&&s| check_one(&buf[p..], s, found).is_ok())
+        {
+            let chain = follow_chain(buf, p, seed, found);
+            return Some((p, found..=found + chain.records.len() as u64 - 1));
+        }
+        // The candidate's own CRC seeds its successor's chain.
+        let Ok(h) = decode_record_header(&buf[p..]) else {
+            continue;
+        };
+        let len = RECORD_HEADER_SIZE_BYTES + (h.body_size_bytes as usize).min(MAX_RECORD_BODY_BYTES);
+        if p + len < buf.len() && check_one(&buf[p + len..], h.crc, found + 1).is_ok() {
+            let chain = follow_chain(buf, p + len, h.crc, found + 1);
+            return Some((p, found..=found + chain.records.len() as u64));
+        }
+    }
+    None
+}
+
+/// The CRCs the next record may chain from when this record is damaged:
+/// its stored CRC, and the CRC of its bytes as they are now.
+fn damaged_record_crcs(rest: &[u8], prev_crc: u32) -> Vec<u32> {
+    let Ok(h) = decode_record_header(rest) else {
+        return Vec::new();
+    };
+    let mut crcs = vec![h.crc];
+    let len = RECORD_HEADER_SIZE_BYTES + h.body_size_bytes as usize;
+    if let Some(record) = rest.get(..len) {
+        crcs.push(crate::format::wal::chained_crc(prev_crc, record));
+    }
+    crcs
 }
 
 fn check_one(
@@ -135,8 +244,16 @@ impl WalWriter {
     }
 
     /// Continues an existing WAL after a scan, cutting off any torn tail
-    /// first so a new record never sits in front of garbage.
-    pub fn resume(storage: &dyn Storage, scan: &WalScan) -> Result<WalWriter, StorageError> {
+    /// first so a new record never sits in front of garbage. Cutting off
+    /// damage in the middle (intact records after it) drops records, so
+    /// the caller must say it was asked to (`drop_damaged`, a repair).
+    pub fn resume(storage: &dyn Storage, scan: &WalScan, drop_damaged: bool) -> Result<WalWriter, StorageError> {
+        assert!(
+            scan.damage.is_none() || drop_damaged,
+            "truncating a WAL with intact records after its damage: {:?}",
+            scan.damage
+        );
+        assert!(scan.valid_end_bytes <= scan.file_len_bytes);
         let desc = storage.describe(WAL_FILE);
         let file = storage
             .open(WAL_FILE, OpenMode::ReadWrite)

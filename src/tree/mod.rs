@@ -18,14 +18,19 @@ pub enum TreeError {
     Inconsistent { node: u32, detail: String },
 }
 
+/// The failure penalty: what a FAILURE node's similarity loses (`eps`);
+/// nothing for a SUCCESS node. Every scan path subtracts this one (the
+/// raw-table scans pass whether the label byte says FAILURE).
+#[inline(always)]
+pub fn failure_penalty(failed: bool, eps: f32) -> f32 {
+    if failed { eps } else { 0.0 }
+}
+
 /// The failure-penalised similarity s(v) = cos(q, v) - eps * [v failed].
 /// Vectors are unit length, so the dot product is the cosine.
 #[inline]
 pub fn penalised_score(dot: f32, label: Label, eps: f32) -> f32 {
-    match label {
-        Label::Success => dot,
-        Label::Failure => dot - eps,
-    }
+    dot - failure_penalty(label == Label::Failure, eps)
 }
 
 /// A scored node considered by a scan.
@@ -153,6 +158,49 @@ fn inconsistent(node: u32, detail: String) -> TreeError {
     TreeError::Inconsistent { node, detail }
 }
 
+/// The shape rule every stored node obeys (FORMAT.md §8 step 5): its tree
+/// exists, its depth is in 1..=`max_depth`, a ROOT has no parent and depth
+/// 1, a RESIDUAL has a parent with a smaller index in the same tree one
+/// level up. `row_of` reads the parent (only called for a RESIDUAL with a
+/// plausible parent). Returns what is wrong, if anything; the caller says
+/// where (a WAL op, a table segment).
+pub fn shape_violation<E>(
+    row: &Row,
+    tree_count: usize,
+    max_depth: u8,
+    row_of: impl FnOnce(u32) -> Result<Row, E>,
+) -> Result<Option<String>, E> {
+    let index = row.index;
+    if usize::from(row.tree) >= tree_count {
+        return Ok(Some(format!("node {index}: tree {} does not exist", row.tree)));
+    }
+    if row.depth == 0 || row.depth > max_depth {
+        return Ok(Some(format!(
+            "node {index}: depth {} outside 1..={max_depth}",
+            row.depth
+        )));
+    }
+    match (row.parent(), row.node_type) {
+        (None, NodeType::Root) if row.depth == 1 => Ok(None),
+        (Some(p), NodeType::Residual) if p < index => {
+            let parent = row_of(p)?;
+            Ok((parent.tree != row.tree || parent.depth + 1 != row.depth).then(|| {
+                format!(
+                    "node {index}: parent {p} has tree {} depth {}, not tree {} depth {}",
+                    parent.tree,
+                    parent.depth,
+                    row.tree,
+                    row.depth - 1
+                )
+            }))
+        }
+        (parent, node_type) => Ok(Some(format!(
+            "node {index}: {node_type:?} at depth {} does not fit parent {parent:?}",
+            row.depth
+        ))),
+    }
+}
+
 /// Consolidation eligibility: a residual node with at least K_cons success
 /// hits that has not been distilled yet. Roots are excluded: their chain
 /// is already one self-contained node, distilling it would only duplicate it.
@@ -208,6 +256,49 @@ mod tests {
         assert_eq!(place(m(4, Some(3)), 5), Placement::Residual { parent: 9, depth: 5 });
         assert_eq!(place(m(5, Some(3)), 5), Placement::Residual { parent: 3, depth: 5 });
         assert_eq!(place(m(1, None), 1), Placement::Root);
+    }
+
+    fn shaped(index: u32, parent: u32, tree: u16, node_type: NodeType, depth: u8) -> Row {
+        Row {
+            index,
+            parent,
+            tree,
+            node_type,
+            label: Label::Success,
+            depth,
+            flags: 0,
+            success_hits: 0,
+            retrievals: 0,
+            link: crate::format::NODE_NONE,
+            vector_crc32: 0,
+            payload_offset_bytes: 0,
+            payload_size_bytes: 0,
+            created_unix_ms: 0,
+            external_id: [0; 16],
+        }
+    }
+
+    #[test]
+    fn shape_rule_names_each_violation() {
+        use crate::format::NODE_NONE;
+        let parent = shaped(0, NODE_NONE, 1, NodeType::Root, 1);
+        let check = |row: &Row| shape_violation(row, 2, 3, |_| Ok::<_, ()>(parent.clone())).unwrap();
+        assert_eq!(check(&parent), None);
+        assert_eq!(check(&shaped(1, 0, 1, NodeType::Residual, 2)), None);
+        let bad = [
+            (shaped(1, NODE_NONE, 2, NodeType::Root, 1), "tree 2 does not exist"),
+            (shaped(1, NODE_NONE, 0, NodeType::Root, 0), "depth 0 outside 1..=3"),
+            (shaped(1, 0, 1, NodeType::Residual, 4), "depth 4 outside 1..=3"),
+            (shaped(1, NODE_NONE, 0, NodeType::Root, 2), "Root at depth 2"),
+            (shaped(1, 1, 1, NodeType::Residual, 2), "does not fit parent Some(1)"),
+            (shaped(1, 0, 1, NodeType::Root, 2), "Root at depth 2"),
+            (shaped(1, 0, 0, NodeType::Residual, 2), "parent 0 has tree 1 depth 1"),
+            (shaped(1, 0, 1, NodeType::Residual, 3), "parent 0 has tree 1 depth 1"),
+        ];
+        for (row, want) in bad {
+            let got = check(&row).unwrap_or_else(|| panic!("{row:?} accepted"));
+            assert!(got.contains(want), "{got:?} lacks {want:?}");
+        }
     }
 
     #[test]

@@ -288,6 +288,10 @@ pub struct Outcome {
     /// Ops started (the last may be half done).
     pub attempted: usize,
     pub poison_checked: bool,
+    /// Whether the run let records go unsynced behind later ones (not
+    /// `always`): a power loss can then keep a later record and lose an
+    /// earlier one, which recovery must call damage, never a torn tail.
+    pub unsynced_runs: bool,
 }
 
 pub fn open_writer(storage: &SimStorage, policy: SyncPolicy) -> Result<Bank, BankError> {
@@ -306,6 +310,7 @@ pub fn drive(storage: &SimStorage, ops: &[Op], policy: SyncPolicy) -> Outcome {
         acked: 0,
         attempted: 0,
         poison_checked: false,
+        unsynced_runs: policy != SyncPolicy::Always,
     };
     let Ok(mut bank) = Bank::create(Arc::new(storage.clone()), config()) else {
         return out;
@@ -390,6 +395,15 @@ pub fn check_recovery(ledger: &Ledger, image: &SimStorage, out: &Outcome, what: 
     let mut bank = match open_writer(image, SyncPolicy::Always) {
         Ok(b) => b,
         Err(BankError::NotABank { .. }) if out.acked == 0 => return, // crashed inside create
+        // Records after a lost one can only be unacknowledged ones (an
+        // acknowledged record was synced with all before it): the repair
+        // must then yield a ledger state holding every acknowledged op.
+        Err(BankError::WalDamaged { .. }) if out.unsynced_runs => {
+            let dropped =
+                Bank::repair(Arc::new(image.clone())).unwrap_or_else(|e| panic!("{what}: repair failed: {e}"));
+            assert!(dropped.is_some(), "{what}: repair found no damage");
+            open_writer(image, SyncPolicy::Always).unwrap_or_else(|e| panic!("{what}: open after repair: {e}"))
+        }
         Err(e) => panic!("{what}: recovery failed: {e}"),
     };
     let d = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| digest(&bank)))

@@ -18,6 +18,10 @@ use super::{Codes, Rows};
 // ------------------------------------------------------------ loaders
 
 /// 16 f32 lanes from `dim`-component row `v` at component `o`.
+///
+/// # Safety
+/// The CPU must support the function's target features, and `v` must be
+/// valid for reads of f32 components `o..o + 16` of the row.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn ld_f32_512(v: *const u8, o: usize) -> __m512 {
@@ -25,6 +29,9 @@ unsafe fn ld_f32_512(v: *const u8, o: usize) -> __m512 {
     unsafe { _mm512_loadu_ps(v.add(4 * o).cast()) }
 }
 
+/// # Safety
+/// The CPU must support the function's target features, and `v` must be
+/// valid for reads of f16 components `o..o + 16` of the row.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn ld_f16_512(v: *const u8, o: usize) -> __m512 {
@@ -33,6 +40,10 @@ unsafe fn ld_f16_512(v: *const u8, o: usize) -> __m512 {
 }
 
 /// The last `n` < 16 components, zero in the other lanes.
+///
+/// # Safety
+/// The CPU must support the function's target features, and `v` must be
+/// valid for reads of f32 components `o..o + n` of the row, `n` < 16.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn tail_f32_512(v: *const u8, o: usize, n: usize) -> __m512 {
@@ -41,6 +52,9 @@ unsafe fn tail_f32_512(v: *const u8, o: usize, n: usize) -> __m512 {
     unsafe { _mm512_maskz_loadu_ps(lane_mask16(n), v.add(4 * o).cast()) }
 }
 
+/// # Safety
+/// The CPU must support the function's target features, and `v` must be
+/// valid for reads of f16 components `o..o + n` of the row, `n` <= 16.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn tail_f16_512(v: *const u8, o: usize, n: usize) -> __m512 {
@@ -56,6 +70,9 @@ fn lane_mask16(n: usize) -> __mmask16 {
     ((1u32 << n) - 1) as __mmask16
 }
 
+/// # Safety
+/// The CPU must support the function's target features, and `v` must be
+/// valid for reads of f32 components `o..o + 8` of the row.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn ld_f32_256(v: *const u8, o: usize) -> __m256 {
@@ -63,6 +80,9 @@ unsafe fn ld_f32_256(v: *const u8, o: usize) -> __m256 {
     unsafe { _mm256_loadu_ps(v.add(4 * o).cast()) }
 }
 
+/// # Safety
+/// The CPU must support the function's target features, and `v` must be
+/// valid for reads of f16 components `o..o + 8` of the row.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn ld_f16_256(v: *const u8, o: usize) -> __m256 {
@@ -76,6 +96,9 @@ fn lane_mask8(n: usize) -> __m256i {
     _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
 }
 
+/// # Safety
+/// The CPU must support the function's target features, and `v` must be
+/// valid for reads of f32 components `o..o + n` of the row, `n` < 8.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tail_f32_256(v: *const u8, o: usize, n: usize) -> __m256 {
@@ -84,6 +107,9 @@ unsafe fn tail_f32_256(v: *const u8, o: usize, n: usize) -> __m256 {
     unsafe { _mm256_maskload_ps(v.add(4 * o).cast(), lane_mask8(n)) }
 }
 
+/// # Safety
+/// The CPU must support the function's target features, and `v` must be
+/// valid for reads of f16 components `o..o + n` of the row, `n` <= 8.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tail_f16_256(v: *const u8, o: usize, n: usize) -> __m256 {
@@ -106,6 +132,10 @@ fn hsum256(s: __m256) -> f32 {
 // ------------------------------------------------------- float kernels
 
 /// f32 query lanes for a tail of `n` < 16 components, zero elsewhere.
+///
+/// # Safety
+/// The CPU must support the function's target features, and `p` must be
+/// valid for reads of `n` f32 values, `n` < 16.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn qtail_512(p: *const f32, n: usize) -> __m512 {
@@ -113,6 +143,9 @@ unsafe fn qtail_512(p: *const f32, n: usize) -> __m512 {
     unsafe { _mm512_maskz_loadu_ps(lane_mask16(n), p) }
 }
 
+/// # Safety
+/// The CPU must support the function's target features, and `p` must be
+/// valid for reads of `n` f32 values, `n` < 8.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn qtail_256(p: *const f32, n: usize) -> __m256 {

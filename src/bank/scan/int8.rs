@@ -21,7 +21,6 @@ use crate::bank::BankError;
 use crate::bank::base::Base;
 use crate::bank::kernels::quant::QueryInt8;
 use crate::bank::kernels::{self, Rows};
-use crate::format::row::{Label, ROW_LABEL_OFFSET, ROW_SIZE_BYTES};
 use crate::tree::TopK;
 
 /// Candidates kept before the list is pruned with the running threshold.
@@ -225,8 +224,7 @@ fn rerank(base: &Base, p: &ScanParams, query: &[f32], candidates: &[u32]) -> Res
         };
         kernels::score_f32(p.level, &[query], dim, rows, &mut scores);
         for (i, &slot) in slots.iter().enumerate() {
-            let failed = maps.table[slot as usize * ROW_SIZE_BYTES + ROW_LABEL_OFFSET] == Label::Failure as u8;
-            let score = scores[i] - if failed { p.eps } else { 0.0 };
+            let score = scores[i] - super::penalty_of(&maps.table, slot as usize, p);
             admit(&mut top, p, first + slot, score, &maps.table, slot as usize);
         }
     }

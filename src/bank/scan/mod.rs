@@ -24,9 +24,9 @@ use std::ops::Range;
 use super::base::{Base, SegmentMaps};
 use super::kernels::{self, Level, MAX_BLOCK, Rows};
 use super::mutate::normalise;
-use super::open::{check_eps, check_tau};
 use super::{Bank, BankError};
 use crate::format::manifest::Precision;
+use crate::format::manifest::{check_eps, check_tau};
 use crate::format::row::{
     FLAG_CONSOLIDATED, Label, NodeType, ROW_DEPTH_OFFSET, ROW_FLAGS_OFFSET, ROW_LABEL_OFFSET, ROW_LINK_OFFSET,
     ROW_SIZE_BYTES, ROW_TREE_OFFSET,
@@ -207,11 +207,10 @@ impl Selected {
 /// The failure penalty of the row in `slot`: eps for a FAILURE, else 0.
 #[inline]
 fn penalty_of(table: &[u8], slot: usize, p: &ScanParams) -> f32 {
-    if table[slot * ROW_SIZE_BYTES + ROW_LABEL_OFFSET] == Label::Failure as u8 {
-        p.eps
-    } else {
-        0.0
-    }
+    crate::tree::failure_penalty(
+        table[slot * ROW_SIZE_BYTES + ROW_LABEL_OFFSET] == Label::Failure as u8,
+        p.eps,
+    )
 }
 
 /// Calls `f(maps, first_index_of_segment, slot_range)` for every chunk of
@@ -413,9 +412,8 @@ impl Bank {
             kernels::score_f32(p.level, queries, dim, rows, &mut scores);
             for (i, &slot) in slots.iter().enumerate() {
                 let row = &self.overlay.rows[slot as usize];
-                let penalty = if row.label == Label::Failure { p.eps } else { 0.0 };
                 for (b, top) in tops.iter_mut().enumerate() {
-                    let score = scores[i * queries.len() + b] - penalty;
+                    let score = crate::tree::penalised_score(scores[i * queries.len() + b], row.label, p.eps);
                     if score >= p.tau && top.admits(score) {
                         top.push(Candidate {
                             index: row.index,
