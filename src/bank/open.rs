@@ -309,7 +309,7 @@ impl Bank {
             if let WalOp::PutRow { row } = op
                 && row.index < self.base.node_count
                 && !self.overlay.patched.contains_key(&row.index)
-                && self.base.row_unverified(row.index).is_err()
+                && self.base.row(row.index).is_err()
             {
                 self.overlay.patched.insert(row.index, row.clone());
                 self.base.superseded.insert(row.index);

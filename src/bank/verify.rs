@@ -45,18 +45,33 @@ impl VerifyReport {
     }
 
     fn add_error(&mut self, bank_dir: &str, e: BankError) {
-        match e {
+        let p = Problem::from_error(bank_dir, e);
+        self.add(p.file, p.offset_bytes, p.detail);
+    }
+}
+
+impl Problem {
+    /// The problem an error names: its file and offset when it is
+    /// corruption, else the bank directory as a whole (also for an error
+    /// that stops the bank from opening, e.g. a damaged MANIFEST).
+    pub fn from_error(bank_dir: &str, e: BankError) -> Problem {
+        let (file, offset_bytes, detail) = match e {
             BankError::Corrupt {
                 file,
                 offset_bytes,
                 detail,
-            } => self.add(file, offset_bytes, detail),
+            } => (file, offset_bytes, detail),
             BankError::Storage(StorageError::Corrupt {
                 file,
                 offset_bytes,
                 source,
-            }) => self.add(file, offset_bytes, source.to_string()),
-            other => self.add(bank_dir.to_string(), 0, other.to_string()),
+            }) => (file, offset_bytes, source.to_string()),
+            other => (bank_dir.to_string(), 0, other.to_string()),
+        };
+        Problem {
+            file,
+            offset_bytes,
+            detail,
         }
     }
 }
@@ -68,7 +83,7 @@ impl Bank {
         let mut expected_payload_offset = 0u64;
         for index in 0..self.base.node_count {
             report.nodes_checked += 1;
-            match self.base.row_unverified(index) {
+            match self.base.row(index) {
                 Ok(row) => {
                     if row.payload_offset_bytes != expected_payload_offset {
                         let desc = self.storage.describe(&table_segment_file(
