@@ -703,3 +703,49 @@ fn imported_state_sets_counters_and_a_linkless_consolidation() {
     );
     assert!(bank.transact(&[Change::Import(under, bad)], None).is_err());
 }
+
+/// `freeze OUT` says precisely why an existing OUT is refused, and never
+/// deletes what the engine did not create: a leftover `OUT.freezing` is
+/// cleared only when it carries the engine's mark, and only of the files
+/// a freeze writes.
+#[test]
+fn freeze_refuses_existing_targets_precisely_and_keeps_foreign_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let bank = populated(&dir.path().join("live"));
+    let refused = |out: &std::path::Path| bank.freeze_to(out).unwrap_err().to_string();
+
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    assert!(refused(&empty).contains("is an empty directory"), "{}", refused(&empty));
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("notes.txt"), "mine").unwrap();
+    assert!(refused(&other).contains("not a bank"), "{}", refused(&other));
+    let file = dir.path().join("plain");
+    std::fs::write(&file, "mine").unwrap();
+    assert!(refused(&file).contains("is a file"), "{}", refused(&file));
+    assert!(std::fs::read(&file).unwrap() == b"mine" && other.join("notes.txt").exists());
+
+    // A work directory the engine did not make is left alone.
+    let out = dir.path().join("copy");
+    let work = dir.path().join("copy.freezing");
+    std::fs::create_dir(&work).unwrap();
+    std::fs::write(work.join("precious"), "mine").unwrap();
+    assert!(refused(&out).contains("no FREEZING mark"), "{}", refused(&out));
+    assert_eq!(std::fs::read(work.join("precious")).unwrap(), b"mine");
+
+    // Marked, but holding a file a freeze never writes: the engine's files
+    // go, the foreign one stays, and the freeze is refused.
+    std::fs::write(work.join(deltamem::bank::FREEZING_MARK_FILE), "").unwrap();
+    std::fs::write(work.join("MANIFEST.tmp"), "half").unwrap();
+    assert!(refused(&out).contains("kept"), "{}", refused(&out));
+    assert_eq!(std::fs::read(work.join("precious")).unwrap(), b"mine");
+    assert!(!work.join("MANIFEST.tmp").exists());
+
+    // An unfinished freeze of the engine's own is cleared and redone.
+    std::fs::remove_file(work.join("precious")).unwrap();
+    std::fs::write(work.join(deltamem::bank::FREEZING_MARK_FILE), "").unwrap();
+    std::fs::write(work.join("nodes-000000.seg"), "torn").unwrap();
+    assert_eq!(bank.freeze_to(&out).unwrap().nodes, 9);
+    assert!(!work.exists() && !out.join(deltamem::bank::FREEZING_MARK_FILE).exists());
+}

@@ -141,6 +141,9 @@ pub(crate) struct Base {
     pub retry_torn_rows: bool,
 }
 
+/// Payload log bytes read at once by `for_each_payload_record`.
+const PAYLOAD_BATCH_BYTES: usize = 8 * 1024 * 1024;
+
 /// How often a reader re-reads a row that fails its checksum.
 const TORN_ROW_ATTEMPTS: u32 = 16;
 
@@ -261,6 +264,12 @@ impl Base {
         };
         *self.segments.write().unwrap()[segment as usize].part_mut(part) = Some(map.clone());
         Ok(map)
+    }
+
+    /// The mapped vector file of `segment`, unchecked: for maintenance,
+    /// which checks each vector it copies (`check_vector_crc`).
+    pub fn vectors_unchecked(&self, segment: u32) -> Result<Mapping, BankError> {
+        self.part(segment, Part::Vectors)
     }
 
     fn quant_part(&self, segment: u32) -> Result<Option<Mapping>, BankError> {
@@ -454,27 +463,32 @@ impl Base {
         Ok(())
     }
 
+    /// The payload log, opened on first use.
+    fn payload_handle(&self) -> Result<Arc<dyn StorageFile>, BankError> {
+        let mut slot = self.payload_file.lock().unwrap();
+        if let Some(f) = slot.as_ref() {
+            return Ok(f.clone());
+        }
+        let desc = self.storage.describe(&payload_file(self.generation));
+        let f = self
+            .storage
+            .open(&payload_file(self.generation), OpenMode::Read)
+            .map_err(StorageError::io("open", desc))?;
+        *slot = Some(f.clone());
+        Ok(f)
+    }
+
+    /// The largest record size a row may claim: no real record is larger
+    /// than the compressed bound of the payload limit, and a forged size
+    /// could otherwise ask for gigabytes.
+    fn record_limit_bytes() -> usize {
+        zstd::zstd_safe::compress_bound(crate::format::MAX_PAYLOAD_BYTES) + 64 * 1024
+    }
+
     /// Reads the raw payload record of a checkpointed node.
     pub fn payload_record(&self, row: &Row) -> Result<Vec<u8>, BankError> {
         let desc = self.storage.describe(&payload_file(self.generation));
-        let file = {
-            let mut slot = self.payload_file.lock().unwrap();
-            match slot.as_ref() {
-                Some(f) => f.clone(),
-                None => {
-                    let f = self
-                        .storage
-                        .open(&payload_file(self.generation), OpenMode::Read)
-                        .map_err(StorageError::io("open", desc.clone()))?;
-                    *slot = Some(f.clone());
-                    f
-                }
-            }
-        };
-        // A forged size could ask for gigabytes; no real record is larger
-        // than the compressed bound of the payload limit.
-        let limit_bytes = zstd::zstd_safe::compress_bound(crate::format::MAX_PAYLOAD_BYTES) + 64 * 1024;
-        if row.payload_size_bytes as usize > limit_bytes {
+        if row.payload_size_bytes as usize > Self::record_limit_bytes() {
             return Err(BankError::Corrupt {
                 file: desc,
                 offset_bytes: row.payload_offset_bytes,
@@ -485,7 +499,8 @@ impl Base {
             });
         }
         let mut buf = vec![0u8; row.payload_size_bytes as usize];
-        file.read_exact_at(&mut buf, row.payload_offset_bytes)
+        self.payload_handle()?
+            .read_exact_at(&mut buf, row.payload_offset_bytes)
             .map_err(|e| BankError::Corrupt {
                 file: desc,
                 offset_bytes: row.payload_offset_bytes,
@@ -496,6 +511,51 @@ impl Base {
                 ),
             })?;
         Ok(buf)
+    }
+
+    /// Calls `each` with the raw payload record of every row of `rows` (or
+    /// the error reading it), in order, with few large reads: a run of
+    /// rows whose records lie back to back in the log is read at once, up
+    /// to `PAYLOAD_BATCH_BYTES`. Maintenance (verify, freeze, compact)
+    /// streams the log this way instead of one read per node.
+    pub fn for_each_payload_record(
+        &self,
+        rows: &[Row],
+        mut each: impl FnMut(&Row, Result<&[u8], BankError>) -> Result<(), BankError>,
+    ) -> Result<(), BankError> {
+        let limit = Self::record_limit_bytes() as u64;
+        let mut buf = Vec::new();
+        let mut at = 0;
+        while at < rows.len() {
+            let start = rows[at].payload_offset_bytes;
+            let (mut end, mut end_offset) = (at, start);
+            while let Some(row) = rows.get(end) {
+                let size = u64::from(row.payload_size_bytes);
+                let fits = end_offset - start + size <= PAYLOAD_BATCH_BYTES as u64;
+                if row.payload_offset_bytes != end_offset || size > limit || !(fits || end == at) {
+                    break;
+                }
+                end_offset += size;
+                end += 1;
+            }
+            let batch = &rows[at..end.max(at + 1)];
+            buf.resize((end_offset - start) as usize, 0);
+            let read = end > at && self.payload_handle()?.read_exact_at(&mut buf, start).is_ok();
+            for row in batch {
+                if read {
+                    let from = (row.payload_offset_bytes - start) as usize;
+                    each(row, Ok(&buf[from..from + row.payload_size_bytes as usize]))?;
+                } else {
+                    // One at a time, for an error that names the record.
+                    match self.payload_record(row) {
+                        Ok(record) => each(row, Ok(&record))?,
+                        Err(e) => each(row, Err(e))?,
+                    }
+                }
+            }
+            at += batch.len();
+        }
+        Ok(())
     }
 
     pub fn payload(&self, row: &Row) -> Result<Payload, BankError> {
