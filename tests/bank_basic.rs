@@ -749,3 +749,36 @@ fn freeze_refuses_existing_targets_precisely_and_keeps_foreign_files() {
     assert_eq!(bank.freeze_to(&out).unwrap().nodes, 9);
     assert!(!work.exists() && !out.join(deltamem::bank::FREEZING_MARK_FILE).exists());
 }
+
+/// A bank holds at most `MAX_SEGMENT_COUNT` segments, so its map count
+/// stays far below the OS limit however it was configured: with one row
+/// per segment the 4,097th node is refused (nothing written), and a
+/// manifest claiming more nodes than its segments can hold is corrupt.
+#[test]
+fn a_bank_never_needs_more_than_max_segment_count_segments() {
+    use deltamem::format::MAX_SEGMENT_COUNT;
+    use deltamem::format::manifest::Manifest;
+    use deltamem::storage::MemStorage;
+    let storage = MemStorage::new();
+    let mut c = config(4);
+    c.rows_per_segment = Some(1);
+    let mut bank = Bank::create(std::sync::Arc::new(storage.clone()), c).unwrap();
+    bank.set_sync_policy(deltamem::SyncPolicy::None);
+    for i in 0..MAX_SEGMENT_COUNT as usize {
+        bank.insert(node("task", Attach::Root, Label::Success, "s", unit(4, i % 4)))
+            .unwrap();
+    }
+    let e = bank
+        .insert(node("task", Attach::Root, Label::Success, "s", unit(4, 0)))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("full") && e.contains("4096"), "{e}");
+    bank.close().unwrap();
+    let names = storage.file_names();
+    assert_eq!(names.iter().filter(|n| n.starts_with("nodes-")).count(), 4096);
+
+    let mut manifest = Manifest::decode(&storage.file_bytes("MANIFEST").unwrap()).unwrap();
+    manifest.node_count += 1;
+    let e = Manifest::decode(&manifest.encode()).unwrap_err().to_string();
+    assert!(e.contains("4096 segments"), "{e}");
+}

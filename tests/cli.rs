@@ -665,3 +665,21 @@ fn verify_json_is_always_one_object() {
     let problem = &lines[0]["problems"][0];
     assert!(problem["file"].as_str().unwrap().ends_with("MANIFEST"), "{}", lines[0]);
 }
+
+/// `--rows-per-segment` below the minimum is refused at init with the
+/// capacity it would give: with at most 4,096 segments, one row each made
+/// a bank that either stops at 4,096 nodes or needs a map per node.
+#[test]
+fn init_refuses_segments_too_small_for_the_map_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bank");
+    let run = deltamem(&["init", s(&path), "--dim", "4", "--rows-per-segment", "1"], "");
+    assert_eq!(run.code, 1);
+    assert!(
+        run.stderr.contains("below 1024") && run.stderr.contains("4096 nodes"),
+        "{}",
+        run.stderr
+    );
+    assert!(!path.exists());
+    ok(&["init", s(&path), "--dim", "4", "--rows-per-segment", "1024"], "");
+}

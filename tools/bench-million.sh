@@ -41,10 +41,15 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
-cargo build --release --bin deltamem --example bench_scan >&2
-TARGET="${CARGO_TARGET_DIR:-target}/release"
-D="$TARGET/deltamem"
-H="$TARGET/examples/bench_scan"
+# BENCH_BIN_DIR: take deltamem and bench_scan from there instead of
+# building (e.g. a copy, so a build during a long run cannot swap them).
+if [[ -n "${BENCH_BIN_DIR:-}" ]]; then
+    D="$BENCH_BIN_DIR/deltamem" H="$BENCH_BIN_DIR/bench_scan"
+else
+    cargo build --release --bin deltamem --example bench_scan >&2
+    TARGET="${CARGO_TARGET_DIR:-target}/release"
+    D="$TARGET/deltamem" H="$TARGET/examples/bench_scan"
+fi
 mkdir -p "$WORK"
 DATA="$WORK/data-${ROWS}x${DIM}.npy"
 QUERIES="$WORK/queries-${ROWS}x${DIM}.npy"

@@ -170,7 +170,7 @@ impl Bank {
         }
         let rows_per_segment = config
             .rows_per_segment
-            .unwrap_or_else(|| default_rows_per_segment(config.dim_count));
+            .unwrap_or_else(|| default_rows_per_segment(config.precision.vector_stride_bytes(config.dim_count)));
         let salt = new_salt(0);
         let manifest = Manifest {
             sequence: 1,

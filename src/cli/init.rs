@@ -124,8 +124,17 @@ fn check(args: &InitArgs) -> anyhow::Result<()> {
     if args.consolidate_after == Some(0) {
         anyhow::bail!("--consolidate-after must be at least 1");
     }
-    if args.rows_per_segment == Some(0) {
-        anyhow::bail!("--rows-per-segment must be at least 1");
+    if let Some(rows) = args
+        .rows_per_segment
+        .filter(|&r| r < deltamem::format::MIN_ROWS_PER_SEGMENT)
+    {
+        anyhow::bail!(
+            "--rows-per-segment {rows} is below {}: a bank may have at most {} segments (each one maps files, \
+             and a process may map only so many), so it could hold only {} nodes",
+            deltamem::format::MIN_ROWS_PER_SEGMENT,
+            deltamem::format::MAX_SEGMENT_COUNT,
+            deltamem::format::node_capacity(rows)
+        );
     }
     if let Some(eps) = args.eps.filter(|e| !e.is_finite() || *e < 0.0) {
         anyhow::bail!("--eps {eps} must be a finite, non-negative number");
