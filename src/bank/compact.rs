@@ -46,6 +46,10 @@ struct Written {
     bytes_written: u64,
 }
 
+/// Segment files written but not yet fsynced (and so held open) at most;
+/// bounds open descriptors, not memory (the page cache holds the data).
+const MAX_UNSYNCED_FILES: usize = 96;
+
 /// Payload bytes are written in chunks of this size.
 const PAYLOAD_CHUNK_BYTES: usize = 8 * 1024 * 1024;
 
@@ -229,6 +233,7 @@ impl Bank {
             bytes_written: 0,
         };
         let mut pending: Vec<u8> = Vec::new();
+        let mut written = Vec::new();
         for segment in 0..self.node_count().div_ceil(rows_per_segment) {
             let first = segment * rows_per_segment;
             let last = (first + rows_per_segment).min(self.node_count());
@@ -263,9 +268,14 @@ impl Bank {
                     flush(payloads.as_ref(), target, &payload_name, &mut pending, &mut out)?;
                 }
             }
-            out.bytes_written += columns.write(target, generation, segment)?;
+            out.bytes_written += columns.write(target, generation, segment, &mut written)?;
+            if written.len() >= MAX_UNSYNCED_FILES {
+                sync_files(target, &written)?;
+                written.clear();
+            }
         }
         flush(payloads.as_ref(), target, &payload_name, &mut pending, &mut out)?;
+        sync_files(target, &written)?;
         payloads
             .sync_data()
             .map_err(StorageError::io("fsync", target.describe(&payload_name)))?;
@@ -336,24 +346,33 @@ impl SegmentColumns {
         }
     }
 
-    /// Writes and fsyncs the segment's files; returns the bytes written.
-    fn write(&self, target: &dyn Storage, generation: u32, segment: u32) -> Result<u64, BankError> {
+    /// Writes the segment's files (fsynced later, see `sync_files`);
+    /// returns the bytes written.
+    fn write(
+        &self,
+        target: &dyn Storage,
+        generation: u32,
+        segment: u32,
+        written: &mut Vec<(String, Arc<dyn StorageFile>)>,
+    ) -> Result<u64, BankError> {
         let rps = self.rows_per_segment;
         write_segment(
             target,
             &table_segment_file(generation, segment),
             rps * ROW_SIZE_BYTES as u64,
             &self.table,
+            written,
         )?;
         write_segment(
             target,
             &vector_segment_file(generation, segment),
             rps * self.stride as u64,
             &self.vectors,
+            written,
         )?;
         if self.qstride > 0 {
             let name = qvector_segment_file(generation, segment);
-            write_segment(target, &name, rps * self.qstride as u64, &self.quant)?;
+            write_segment(target, &name, rps * self.qstride as u64, &self.quant, written)?;
         }
         Ok((self.table.len() + self.vectors.len() + self.quant.len()) as u64)
     }
@@ -368,12 +387,31 @@ fn create_file(target: &dyn Storage, name: &str, size_bytes: u64) -> Result<Arc<
     Ok(file)
 }
 
-fn write_segment(target: &dyn Storage, name: &str, size_bytes: u64, bytes: &[u8]) -> Result<(), BankError> {
+/// Creates and writes a segment file; the caller fsyncs it (`sync_files`).
+fn write_segment(
+    target: &dyn Storage,
+    name: &str,
+    size_bytes: u64,
+    bytes: &[u8],
+    written: &mut Vec<(String, Arc<dyn StorageFile>)>,
+) -> Result<(), BankError> {
     let file = create_file(target, name, size_bytes)?;
     file.write_all_at(bytes, 0)
         .map_err(StorageError::io("write", target.describe(name)))?;
-    file.sync_data()
-        .map_err(StorageError::io("fsync", target.describe(name)))?;
+    written.push((name.to_string(), file));
+    Ok(())
+}
+
+/// fdatasyncs every file written. Done once after all segments, not per
+/// segment: the writes then stream to the disk back to back while the
+/// next segment is built (an fsync per file made freeze and compact wait
+/// for each 50 MB write, ~0.15x the disk's sequential speed). Nothing
+/// refers to these files before the manifest written after this call.
+fn sync_files(target: &dyn Storage, written: &[(String, Arc<dyn StorageFile>)]) -> Result<(), BankError> {
+    for (name, file) in written {
+        file.sync_data()
+            .map_err(StorageError::io("fsync", target.describe(name)))?;
+    }
     Ok(())
 }
 

@@ -239,47 +239,45 @@ impl Bank {
             self.storage
                 .describe(&vector_segment_file(self.manifest.generation, segment))
         };
-        match maps {
-            Some(maps) => {
-                let range = self.base.vector_range(row.index);
-                let stored = &maps.vectors[range.clone()];
-                if crc32(stored) != row.vector_crc32 {
+        // A segment whose mapping failed was reported once by verify_segment.
+        if let Some(maps) = maps {
+            let range = self.base.vector_range(row.index);
+            let stored = &maps.vectors[range.clone()];
+            if crc32(stored) != row.vector_crc32 {
+                report.add(
+                    vec_desc(),
+                    range.start as u64,
+                    format!("vector of node {} fails its checksum", row.index),
+                );
+            } else {
+                let v = self.base.decode_vector(stored);
+                // The scan's dot kernel: a plain sequential sum was half
+                // of verify's time (768 dependent adds per node).
+                let norm = super::kernels::dot(&v, &v).sqrt();
+                if (norm - 1.0).abs() > 1e-3 {
                     report.add(
                         vec_desc(),
                         range.start as u64,
-                        format!("vector of node {} fails its checksum", row.index),
+                        format!("vector of node {} has norm {norm}", row.index),
                     );
-                } else {
-                    let v = self.base.decode_vector(stored);
-                    // The scan's dot kernel: a plain sequential sum was half
-                    // of verify's time (768 dependent adds per node).
-                    let norm = super::kernels::dot(&v, &v).sqrt();
-                    if (norm - 1.0).abs() > 1e-3 {
-                        report.add(
-                            vec_desc(),
-                            range.start as u64,
-                            format!("vector of node {} has norm {norm}", row.index),
-                        );
-                    }
-                    // The int8 row is derived from the (now checked) f32
-                    // vector: equality with the recomputation is its check.
-                    if let Some(quant) = &maps.quant {
-                        let stored_q = &quant[self.base.qvector_range(row.index)];
-                        if let Err(e) = self.base.check_qvector(row.index, &v, stored_q, &mut Vec::new()) {
-                            report.add_error(&self.storage.describe(""), e);
-                        }
-                    }
                 }
-                let pad_end = range.start + self.base.stride_bytes as usize;
-                if let Some(at) = maps.vectors[range.end..pad_end].iter().position(|&b| b != 0) {
-                    report.add(
-                        vec_desc(),
-                        (range.end + at) as u64,
-                        format!("padding after the vector of node {} is not zero", row.index),
-                    );
+                // The int8 row is derived from the (now checked) f32
+                // vector: equality with the recomputation is its check.
+                if let Some(quant) = &maps.quant {
+                    let stored_q = &quant[self.base.qvector_range(row.index)];
+                    if let Err(e) = self.base.check_qvector(row.index, &v, stored_q, &mut Vec::new()) {
+                        report.add_error(&self.storage.describe(""), e);
+                    }
                 }
             }
-            None => {} // the segment's mapping failed: reported once by verify_segment
+            let pad_end = range.start + self.base.stride_bytes as usize;
+            if let Some(at) = maps.vectors[range.end..pad_end].iter().position(|&b| b != 0) {
+                report.add(
+                    vec_desc(),
+                    (range.end + at) as u64,
+                    format!("padding after the vector of node {} is not zero", row.index),
+                );
+            }
         }
         match record {
             Ok(record) => {
