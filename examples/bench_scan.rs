@@ -2,6 +2,9 @@
 //! Each subcommand prints one JSON object per line on stdout.
 //!
 //! ```text
+//! bench_scan gen       <out.npy> <rows> <dim> [seed] [queries.npy] [count]
+//!     random unit rows (seeded); optionally `count` noisy copies of
+//!     stored rows as queries
 //! bench_scan build     <data.npy> <bank-dir> [f32|f16|int8]   bank from a matrix (one tree)
 //! bench_scan scan      <bank-dir> <queries.npy> [k] [threads] [rounds] [batch]
 //! bench_scan bandwidth [gb] [rounds]          streaming sum over a hot heap buffer
@@ -75,6 +78,7 @@ fn main() {
             Path::new(&args[3]),
             args.get(4).map_or("f32", |s| s),
         ),
+        "gen" => generate(&args),
         "scan" => scan(Path::new(&args[2]), Path::new(&args[3]), &args),
         "bandwidth" => bandwidth(arg(&args, 2, 2.0), arg(&args, 3, 9)),
         "open" => open_time(Path::new(&args[2]), arg(&args, 3, 21)),
@@ -93,6 +97,47 @@ fn main() {
             eprintln!("usage: bench_scan build|scan|bandwidth|open|heap|recover ... (see the source)");
             std::process::exit(2);
         }
+    }
+}
+
+/// A unit vector of `dim` components from `rng` (uniform in [-1, 1), then
+/// normalised).
+fn unit_row(rng: &mut deltamem::storage::sim::Rng, dim: usize, out: &mut Vec<f32>) {
+    out.clear();
+    out.extend((0..dim).map(|_| rng.next_f32() * 2.0 - 1.0));
+    let norm = out.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-6);
+    out.iter_mut().for_each(|x| *x /= norm);
+}
+
+fn generate(args: &[String]) {
+    use deltamem::interop::npy::{NpyElement, NpyMatrixWriter};
+    let (rows, dim, seed) = (
+        arg(args, 3, 1_000_000u64),
+        arg(args, 4, 768usize),
+        arg(args, 5, 20240607u64),
+    );
+    let mut rng = deltamem::storage::sim::Rng(seed);
+    let mut writer = NpyMatrixWriter::create(Path::new(&args[2]), rows, dim, NpyElement::F32).unwrap();
+    let mut row = Vec::with_capacity(dim);
+    let mut kept = Vec::new();
+    let count = arg(args, 7, 16usize);
+    for i in 0..rows {
+        unit_row(&mut rng, dim, &mut row);
+        writer.write_row(&row).unwrap();
+        if (i as usize) < count {
+            kept.push(row.clone());
+        }
+    }
+    writer.finish().unwrap();
+    if let Some(path) = args.get(6) {
+        let mut writer = NpyMatrixWriter::create(Path::new(path), kept.len() as u64, dim, NpyElement::F32).unwrap();
+        for stored in &kept {
+            // A noisy copy: the stored row plus a small random direction.
+            unit_row(&mut rng, dim, &mut row);
+            let noisy: Vec<f32> = stored.iter().zip(&row).map(|(a, b)| a + 0.1 * b).collect();
+            writer.write_row(&noisy).unwrap();
+        }
+        writer.finish().unwrap();
     }
 }
 

@@ -256,10 +256,15 @@ fn run(cli: Cli) -> anyhow::Result<Status> {
     }
 }
 
+#[global_allocator]
+static ALLOCATOR: cli::heap::Counting = cli::heap::Counting;
+
 fn main() -> ExitCode {
     // clap exits by itself with status 2 on usage errors (0 for --help).
     let cli = Cli::parse();
-    match run(cli) {
+    let result = run(cli);
+    cli::heap::report();
+    match result {
         Ok(Status::Ok) => ExitCode::SUCCESS,
         Ok(Status::Failed) => ExitCode::from(1),
         Ok(Status::SavedCheckpointFailed) => ExitCode::from(3),

@@ -793,3 +793,82 @@ fn errors_do_not_repeat_their_cause() {
         }
     }
 }
+
+/// `freeze OUT` says precisely why an existing OUT is refused, and never
+/// deletes what the engine did not create: a leftover `OUT.freezing` is
+/// cleared only when it carries the engine's mark, and only of the files
+/// a freeze writes.
+#[test]
+fn freeze_refuses_existing_targets_precisely_and_keeps_foreign_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let bank = populated(&dir.path().join("live"));
+    let refused = |out: &std::path::Path| bank.freeze_to(out).unwrap_err().to_string();
+
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    assert!(refused(&empty).contains("is an empty directory"), "{}", refused(&empty));
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("notes.txt"), "mine").unwrap();
+    assert!(refused(&other).contains("not a bank"), "{}", refused(&other));
+    let file = dir.path().join("plain");
+    std::fs::write(&file, "mine").unwrap();
+    assert!(refused(&file).contains("is a file"), "{}", refused(&file));
+    assert!(std::fs::read(&file).unwrap() == b"mine" && other.join("notes.txt").exists());
+
+    // A work directory the engine did not make is left alone.
+    let out = dir.path().join("copy");
+    let work = dir.path().join("copy.freezing");
+    std::fs::create_dir(&work).unwrap();
+    std::fs::write(work.join("precious"), "mine").unwrap();
+    assert!(refused(&out).contains("no FREEZING mark"), "{}", refused(&out));
+    assert_eq!(std::fs::read(work.join("precious")).unwrap(), b"mine");
+
+    // Marked, but holding a file a freeze never writes: the engine's files
+    // go, the foreign one stays, and the freeze is refused.
+    std::fs::write(work.join(deltamem::bank::FREEZING_MARK_FILE), "").unwrap();
+    std::fs::write(work.join("MANIFEST.tmp"), "half").unwrap();
+    assert!(refused(&out).contains("kept"), "{}", refused(&out));
+    assert_eq!(std::fs::read(work.join("precious")).unwrap(), b"mine");
+    assert!(!work.join("MANIFEST.tmp").exists());
+
+    // An unfinished freeze of the engine's own is cleared and redone.
+    std::fs::remove_file(work.join("precious")).unwrap();
+    std::fs::write(work.join(deltamem::bank::FREEZING_MARK_FILE), "").unwrap();
+    std::fs::write(work.join("nodes-000000.seg"), "torn").unwrap();
+    assert_eq!(bank.freeze_to(&out).unwrap().nodes, 9);
+    assert!(!work.exists() && !out.join(deltamem::bank::FREEZING_MARK_FILE).exists());
+}
+
+/// A bank holds at most `MAX_SEGMENT_COUNT` segments, so its map count
+/// stays far below the OS limit however it was configured: with one row
+/// per segment the 4,097th node is refused (nothing written), and a
+/// manifest claiming more nodes than its segments can hold is corrupt.
+#[test]
+fn a_bank_never_needs_more_than_max_segment_count_segments() {
+    use deltamem::format::MAX_SEGMENT_COUNT;
+    use deltamem::format::manifest::Manifest;
+    use deltamem::storage::MemStorage;
+    let storage = MemStorage::new();
+    let mut c = config(4);
+    c.rows_per_segment = Some(1);
+    let mut bank = Bank::create(std::sync::Arc::new(storage.clone()), c).unwrap();
+    bank.set_sync_policy(deltamem::SyncPolicy::None);
+    for i in 0..MAX_SEGMENT_COUNT as usize {
+        bank.insert(node("task", Attach::Root, Label::Success, "s", unit(4, i % 4)))
+            .unwrap();
+    }
+    let e = bank
+        .insert(node("task", Attach::Root, Label::Success, "s", unit(4, 0)))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("full") && e.contains("4096"), "{e}");
+    bank.close().unwrap();
+    let names = storage.file_names();
+    assert_eq!(names.iter().filter(|n| n.starts_with("nodes-")).count(), 4096);
+
+    let mut manifest = Manifest::decode(&storage.file_bytes("MANIFEST").unwrap()).unwrap();
+    manifest.node_count += 1;
+    let e = Manifest::decode(&manifest.encode()).unwrap_err().to_string();
+    assert!(e.contains("4096 segments"), "{e}");
+}

@@ -751,3 +751,67 @@ fn init_errors_name_the_real_range() {
         assert!(!path.join("MANIFEST").exists(), "{flag} {value} left a bank behind");
     }
 }
+
+/// `verify --json` answers with one JSON object whatever the damage: a
+/// damaged vector is listed with its file, offset and node, and a MANIFEST
+/// that stops the bank from opening is a failed check naming MANIFEST.
+#[test]
+fn verify_json_is_always_one_object() {
+    let (_dir, b) = bank(&[]);
+    insert(
+        &b,
+        &[
+            task(json!("root"), "a", &[1.0, 0.0, 0.0, 0.0]),
+            task(json!("root"), "b", &[0.0, 1.0, 0.0, 0.0]),
+        ],
+    );
+    let vectors = b.join("vectors-000000.seg");
+    let mut bytes = std::fs::read(&vectors).unwrap();
+    bytes[64 + 3] ^= 0x20; // node 1's vector (stride 64 at dim 4)
+    std::fs::write(&vectors, bytes).unwrap();
+    let run = deltamem(&["verify", s(&b), "--json"], "");
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let report = &run.lines()[0];
+    assert_eq!(report["ok"], false);
+    let problems = report["problems"].as_array().unwrap();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p["file"].as_str().unwrap().ends_with("vectors-000000.seg")
+                && p["offset_bytes"] == 64
+                && p["detail"].as_str().unwrap().contains("node 1")),
+        "{report}"
+    );
+    // Only node 1's reads fail: node 0's vector is fine, stats still works.
+    ok(&["stats", s(&b)], "");
+
+    let manifest = b.join("MANIFEST");
+    let mut bytes = std::fs::read(&manifest).unwrap();
+    bytes[40] ^= 0x01;
+    std::fs::write(&manifest, bytes).unwrap();
+    let run = deltamem(&["verify", s(&b), "--json"], "");
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let lines = run.lines();
+    assert_eq!(lines.len(), 1, "{}", run.stdout);
+    assert_eq!(lines[0]["ok"], false);
+    let problem = &lines[0]["problems"][0];
+    assert!(problem["file"].as_str().unwrap().ends_with("MANIFEST"), "{}", lines[0]);
+}
+
+/// `--rows-per-segment` below the minimum is refused at init with the
+/// capacity it would give: with at most 4,096 segments, one row each made
+/// a bank that either stops at 4,096 nodes or needs a map per node.
+#[test]
+fn init_refuses_segments_too_small_for_the_map_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bank");
+    let run = deltamem(&["init", s(&path), "--dim", "4", "--rows-per-segment", "1"], "");
+    assert_eq!(run.code, 1);
+    assert!(
+        run.stderr.contains("below 1024") && run.stderr.contains("4096 nodes"),
+        "{}",
+        run.stderr
+    );
+    assert!(!path.exists());
+    ok(&["init", s(&path), "--dim", "4", "--rows-per-segment", "1024"], "");
+}

@@ -194,3 +194,131 @@ fn manifest_longer_than_1024_bytes_is_refused() {
     let text = err.to_string();
     assert!(text.contains("MANIFEST") && text.contains("offset 1024"), "{text}");
 }
+
+/// Rewrites row `index` of a bank built by `build` (4 rows per segment)
+/// through `forge`, with a fresh checksum: well-formed bytes that
+/// contradict the bank.
+fn forge_row(storage: &MemStorage, index: u32, forge: impl Fn(&mut deltamem::format::row::Row)) -> (String, usize) {
+    use deltamem::format::row::Row;
+    let name = format!("nodes-{:06}.seg", index / 4);
+    let mut bytes = storage.file_bytes(&name).unwrap();
+    let at = (index % 4) as usize * ROW_SIZE_BYTES;
+    let mut row = Row::decode(&bytes[at..at + ROW_SIZE_BYTES], index).unwrap();
+    forge(&mut row);
+    bytes[at..at + ROW_SIZE_BYTES].copy_from_slice(&row.encode());
+    storage.set_file_bytes(&name, bytes);
+    (name, at)
+}
+
+#[test]
+fn a_crc_valid_row_with_an_out_of_range_field_is_corrupt_never_a_panic() {
+    use deltamem::format::row::Row;
+    type Forge = fn(&mut Row);
+    // Node 5 is a residual at depth 2 under node 3, in tree 0 of 2; D_max 5.
+    let forges: [(&str, Forge); 5] = [
+        ("tree past tree_count", |r| r.tree = 2),
+        ("depth 0", |r| r.depth = 0),
+        ("depth past D_max", |r| r.depth = 6),
+        ("parent is itself", |r| r.parent = r.index),
+        ("parent after itself", |r| r.parent = r.index + 3),
+    ];
+    let read_only = OpenOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    for (what, forge) in forges {
+        let (storage, queries) = build();
+        let good = Bank::open(Arc::new(storage.clone()), read_only.clone()).unwrap();
+        let expected: Vec<String> = answers(&good, &queries).into_iter().map(Result::unwrap).collect();
+        drop(good);
+        let (name, at) = forge_row(&storage, 5, forge);
+        let bank = Bank::open(Arc::new(storage.clone()), read_only.clone()).unwrap();
+        let row_error = bank.row(5).expect_err(what).to_string();
+        assert!(
+            row_error.contains(&name) && row_error.contains("row 5"),
+            "{what}: {row_error}"
+        );
+        let stats_error = bank.stats().expect_err(what).to_string();
+        assert!(stats_error.contains(&name), "{what}: stats said {stats_error}");
+        let report = bank.verify().unwrap();
+        let row_bytes = at as u64..(at + ROW_SIZE_BYTES) as u64;
+        assert!(
+            report
+                .problems
+                .iter()
+                .any(|p| p.file.ends_with(&name) && row_bytes.contains(&p.offset_bytes)),
+            "{what}: verify did not point at row 5: {:?}",
+            report.problems
+        );
+        for (n, (got, want)) in answers(&bank, &queries).iter().zip(&expected).enumerate() {
+            if let Ok(got) = got {
+                assert_eq!(got, want, "{what}: read {n} gave a wrong answer");
+            }
+        }
+        // The writer refuses it too, instead of indexing with it.
+        let writer = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
+        assert!(writer.stats().is_err(), "{what}");
+    }
+}
+
+#[test]
+fn a_damaged_vector_fails_only_the_reads_of_it_and_never_the_open() {
+    let (storage, queries) = build();
+    // Uncheckpointed WAL records whose replay reads rows of the damaged
+    // vector's segment: a residual under node 0 and a hit on node 1.
+    let mut writer = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
+    let mut fields = BTreeMap::new();
+    fields.insert("execution_procedure".to_string(), "later".to_string());
+    writer
+        .insert(NewNode {
+            tree: "task".into(),
+            attach: Attach::Parent(NodeRef::Index(0)),
+            label: Label::Success,
+            payload: Payload {
+                scenario: "later".into(),
+                fields,
+            },
+            embedding: queries[0].clone(),
+            external_id: None,
+        })
+        .unwrap();
+    writer.success_hit(1).unwrap();
+    drop(writer); // no checkpoint: both stay in the WAL
+    let name = "vectors-000000.seg";
+    let mut bytes = storage.file_bytes(name).unwrap();
+    bytes[64 + 4] ^= 0x10; // node 1's vector
+    storage.set_file_bytes(name, bytes);
+    for read_only in [true, false] {
+        let bank = Bank::open(
+            Arc::new(storage.clone()),
+            OpenOptions {
+                read_only,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(bank.node_count(), 13);
+        assert_eq!(bank.stats().unwrap().nodes, 13);
+        assert!(bank.vector(0).is_ok() && bank.chain(12).unwrap() == vec![0, 12]);
+        let e = bank.vector(1).unwrap_err().to_string();
+        assert!(e.contains(name) && e.contains("node 1"), "{e}");
+        let options = QueryOptions {
+            k: 3,
+            tau: Some(-1.0),
+            ..Default::default()
+        };
+        // Tree "task" reads node 1's vector; tree "env" (segment 2) does not.
+        let e = bank.query("task", &queries[1], &options).unwrap_err().to_string();
+        assert!(e.contains(name) && e.contains("node 1"), "{e}");
+        assert!(bank.query("env", &queries[1], &options).is_ok());
+        let report = bank.verify().unwrap();
+        assert!(
+            report
+                .problems
+                .iter()
+                .any(|p| p.file.ends_with(name) && p.offset_bytes == 64),
+            "{:?}",
+            report.problems
+        );
+    }
+}

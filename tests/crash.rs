@@ -289,3 +289,79 @@ fn durable_commit_before_a_failed_checkpoint_is_reported_as_made() {
     println!("saved with a failed checkpoint {saved_with_failed_checkpoint}, failed {failed}");
     assert!(saved_with_failed_checkpoint > 0 && failed > 0);
 }
+
+/// Everything observable of a bank, payload offsets and creation times
+/// aside (a frozen copy lays its payload log out afresh).
+fn frozen_digest(bank: &deltamem::Bank) -> Vec<String> {
+    (0..bank.node_count())
+        .map(|i| {
+            let mut row = bank.row(i).unwrap();
+            row.payload_offset_bytes = 0;
+            format!("{row:?} {:?} {:?}", bank.payload(i).unwrap(), bank.vector(i).unwrap())
+        })
+        .collect()
+}
+
+/// `freeze` under the simulator: for every I/O operation k of freezing a
+/// workload's bank, the freeze crashes at k (four loss models) or fails
+/// with EIO there. What the target then holds is nothing, the engine's
+/// `FREEZING` mark (unfinished work, safe to delete) or a complete frozen bank that
+/// verifies and shows exactly the source's state; never a bank without
+/// the mark that is incomplete or different.
+#[test]
+fn every_freeze_crash_point_leaves_the_mark_or_the_whole_copy() {
+    use deltamem::bank::FREEZING_MARK_FILE;
+    use deltamem::{Bank, OpenOptions};
+    use std::sync::Arc;
+    let seeds = env_seeds("DELTAMEM_CRASH_FREEZE_SEEDS", 6);
+    let (mut points, mut complete, mut marked) = (0u64, 0u64, 0u64);
+    for seed in 0..seeds {
+        let source_store = SimStorage::new();
+        let out = drive(&source_store, &workload(seed), SyncPolicy::Always);
+        assert_eq!(
+            out.acked, out.attempted,
+            "seed {seed}: the workload runs without faults"
+        );
+        let read_only = OpenOptions {
+            read_only: true,
+            ..OpenOptions::default()
+        };
+        let source = Bank::open(Arc::new(source_store.clone()), read_only.clone()).unwrap();
+        let want = frozen_digest(&source);
+        let clean = SimStorage::new();
+        source.freeze_into(&clean).unwrap();
+        for k in 0..clean.op_count() {
+            for kind in [FaultKind::Crash, FaultKind::Fail] {
+                points += 1;
+                let target = SimStorage::new();
+                target.set_plan(Some(FaultPlan { at_op: k, kind }));
+                assert!(
+                    source.freeze_into(&target).is_err(),
+                    "seed {seed} op {k}: the fault must surface"
+                );
+                for loss in [
+                    Loss::KeepAll,
+                    Loss::LoseUnsynced,
+                    Loss::TornLast { seed: k },
+                    Loss::Subset { seed: k ^ seed },
+                ] {
+                    let image = target.crash_image(loss);
+                    let what = format!("seed {seed} {kind:?} at op {k} {loss:?}");
+                    let names = image.file_names();
+                    if names.is_empty() || names.iter().any(|n| n == FREEZING_MARK_FILE) {
+                        marked += 1; // nothing yet, or the engine's unfinished work
+                        continue;
+                    }
+                    complete += 1;
+                    let copy = Bank::open(Arc::new(image), read_only.clone())
+                        .unwrap_or_else(|e| panic!("{what}: no mark, yet no frozen bank: {e}"));
+                    assert!(copy.manifest().is_frozen(), "{what}");
+                    assert!(copy.verify().unwrap().is_ok(), "{what}");
+                    assert_eq!(frozen_digest(&copy), want, "{what}: the copy differs from the source");
+                }
+            }
+        }
+    }
+    println!("freeze crash points {points}: {marked} images with the mark, {complete} complete copies");
+    assert!(seeds == 0 || (marked > 0 && complete > 0));
+}

@@ -490,8 +490,14 @@ fn documented_constants_hold() {
     // Vector stride and default segment geometry.
     assert_eq!(format::VECTOR_ALIGN_BYTES, 64);
     assert_eq!(format::vector_stride_bytes(17), 128);
-    assert_eq!(format::default_rows_per_segment(1), 65_536);
-    assert_eq!(format::default_rows_per_segment(16_384), 1024);
+    // Rows of `row_stride_bytes` each, so f16 segments hold twice the rows.
+    assert_eq!(format::default_rows_per_segment(64), 65_536);
+    assert_eq!(format::default_rows_per_segment(65_536), 1024);
+    assert_eq!(format::default_rows_per_segment(3072), 16_384); // f32, dim 768
+    assert_eq!(format::default_rows_per_segment(1536), 32_768); // f16, dim 768
+    // Segment cap and the smallest segment init accepts (§10).
+    assert_eq!(format::MAX_SEGMENT_COUNT, 4096);
+    assert_eq!(format::INIT_MIN_ROWS_PER_SEGMENT, 1024);
 }
 
 /// Every `reserved` row of a table is a range the decoder checks for

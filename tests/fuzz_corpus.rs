@@ -105,6 +105,24 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
         flipped[at] ^= 0x04;
         out.push(flipped);
     }
+    if target == "decode_row" {
+        // CRC-valid rows a reader must refuse: tree past the count, depth
+        // past D_max, a parent at the row itself.
+        let forged = [
+            Row { tree: 2, ..row.clone() },
+            Row {
+                depth: 6,
+                ..row.clone()
+            },
+            Row {
+                parent: 1,
+                ..row.clone()
+            },
+        ];
+        for r in forged {
+            out.push([1u32.to_le_bytes().to_vec(), r.encode().to_vec(), vec![2, 5]].concat());
+        }
+    }
     out
 }
 

@@ -48,8 +48,12 @@ impl Rng {
 /// Builds a bank of `count` nodes in `dir` through the public API and
 /// closes it (close checkpoints, leaving an empty WAL).
 fn build(dir: &Path, count: u32) {
+    build_with(dir, count, BankConfig::new(DIM as u32));
+}
+
+fn build_with(dir: &Path, count: u32, config: BankConfig) {
     let started = Instant::now();
-    let mut bank = Bank::create_dir(dir, BankConfig::new(DIM as u32)).unwrap();
+    let mut bank = Bank::create_dir(dir, config).unwrap();
     bank.set_sync_policy(SyncPolicy::None);
     let mut rng = Rng(0x5eed ^ u64::from(count));
     let mut last_root = [0u32; 2];
@@ -232,4 +236,44 @@ fn open_cost_does_not_depend_on_node_count() {
         small.reader, large.reader,
         "reader open touched different bytes for 1k and 100k nodes"
     );
+}
+
+/// `stats` reports on rows only, so it reads the node table and nothing
+/// else: every node-table segment mapped once, no vector file mapped, no
+/// payload byte read. (Before, mapping a segment for a row read checked
+/// its vectors too, so `stats` on a cold cache read the whole column.)
+#[test]
+fn stats_reads_only_the_node_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = BankConfig::new(DIM as u32);
+    config.rows_per_segment = Some(1024);
+    build_with(dir.path(), 3_000, config);
+    let counting = Arc::new(CountingStorage::new(FileStorage::new(dir.path())));
+    for read_only in [true, false] {
+        let options = OpenOptions {
+            read_only,
+            ..OpenOptions::default()
+        };
+        let bank = Bank::open(counting.clone(), options).unwrap();
+        counting.reset();
+        let stats = bank.stats().unwrap();
+        assert_eq!(stats.nodes, 3_000);
+        let counts = counting.counts();
+        let mapped: Vec<&String> = counts.maps.keys().collect();
+        assert_eq!(
+            mapped,
+            ["nodes-000000.seg", "nodes-000001.seg", "nodes-000002.seg"]
+                .iter()
+                .collect::<Vec<_>>(),
+            "stats (read_only {read_only}) mapped: {counts:?}"
+        );
+        assert!(counts.maps.values().all(|&n| n == 1), "{counts:?}");
+        let data_read: u64 = counts
+            .read_bytes
+            .iter()
+            .filter(|(name, _)| is_data_file(name))
+            .map(|(_, bytes)| bytes)
+            .sum();
+        assert_eq!(data_read, 0, "stats read data files: {counts:?}");
+    }
 }

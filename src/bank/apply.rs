@@ -49,6 +49,14 @@ impl Bank {
             })
         };
         let next = self.overlay.total_count();
+        let capacity = crate::format::node_capacity(self.manifest.rows_per_segment);
+        if u64::from(next) >= capacity {
+            return Err(BankError::BadConfig(format!(
+                "the bank is full: {capacity} nodes fill its {} segments of {} rows",
+                crate::format::MAX_SEGMENT_COUNT,
+                self.manifest.rows_per_segment
+            )));
+        }
         if row.index != next {
             return bad(format!("new node has index {} where {next} was next", row.index));
         }

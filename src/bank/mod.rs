@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-pub use compact::{CompactReport, FreezeReport};
+pub use compact::{CompactReport, FREEZING_MARK_FILE, FreezeReport};
 pub use error::BankError;
 pub use mutate::{Attach, Change, ChangeAck, ConsolidateAck, HitAck, ImportedState, InsertAck, NewNode, PendingIds};
 pub use open::{BankConfig, OpenOptions};

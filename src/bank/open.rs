@@ -159,7 +159,7 @@ impl Bank {
         }
         let rows_per_segment = config
             .rows_per_segment
-            .unwrap_or_else(|| default_rows_per_segment(config.dim_count));
+            .unwrap_or_else(|| default_rows_per_segment(config.precision.vector_stride_bytes(config.dim_count)));
         let salt = new_salt(0);
         let manifest = Manifest {
             sequence: 1,
@@ -320,7 +320,7 @@ impl Bank {
             if let WalOp::PutRow { row } = op
                 && row.index < self.base.node_count
                 && !self.overlay.patched.contains_key(&row.index)
-                && self.base.row_unverified(row.index).is_err()
+                && self.base.row(row.index).is_err()
             {
                 self.overlay.patched.insert(row.index, row.clone());
                 self.base.superseded.insert(row.index);

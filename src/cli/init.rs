@@ -115,7 +115,24 @@ struct BankOut<'a> {
     precision: &'static str,
 }
 
+/// `init` refuses segments so small that the segment cap
+/// (`MAX_SEGMENT_COUNT`) would leave the bank room for few nodes; the
+/// library accepts them (tests use many small segments).
+fn check_rows_per_segment(args: &InitArgs) -> anyhow::Result<()> {
+    use deltamem::format::{INIT_MIN_ROWS_PER_SEGMENT, MAX_SEGMENT_COUNT, node_capacity};
+    if let Some(rows) = args.rows_per_segment.filter(|&r| r < INIT_MIN_ROWS_PER_SEGMENT) {
+        anyhow::bail!(
+            "--rows-per-segment {rows} is below {INIT_MIN_ROWS_PER_SEGMENT}: a bank may have at most \
+             {MAX_SEGMENT_COUNT} segments (each one maps files, and a process may map only so many), \
+             so it could hold only {} nodes",
+            node_capacity(rows)
+        );
+    }
+    Ok(())
+}
+
 pub fn run(path: &Path, args: InitArgs) -> anyhow::Result<Status> {
+    check_rows_per_segment(&args)?;
     let bank =
         Bank::create_dir(path, args.config()).with_context(|| format!("cannot create a bank in {}", path.display()))?;
     let manifest = bank.manifest().clone();

@@ -9,6 +9,7 @@ pub mod draw;
 pub mod embed;
 pub mod episodes;
 pub mod export;
+pub mod heap;
 pub mod import;
 pub mod import_npy;
 pub mod init;

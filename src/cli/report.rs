@@ -292,7 +292,26 @@ pub fn check_bank(bank: &Bank, path: &Path, quiet: bool) -> anyhow::Result<Statu
 }
 
 pub fn verify(path: &Path, json: bool, quiet: bool) -> anyhow::Result<Status> {
-    let bank = super::open_read(path)?;
+    let options = deltamem::OpenOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    let bank = match Bank::open_dir(path, options) {
+        Ok(bank) => bank,
+        // `--json` always answers with one object: a bank that cannot be
+        // opened is a failed check with the reason as its problem.
+        Err(e) if json => {
+            let problem = deltamem::bank::Problem::from_error(&path.display().to_string(), e);
+            return print_verify_json(
+                path,
+                &deltamem::bank::VerifyReport {
+                    problems: vec![problem],
+                    ..Default::default()
+                },
+            );
+        }
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("cannot open {}", path.display()))),
+    };
     if !json {
         let progress = Progress::spinner(&format!("verifying {}", path.display()), quiet);
         let status = check_bank(&bank, path, quiet);
@@ -302,6 +321,10 @@ pub fn verify(path: &Path, json: bool, quiet: bool) -> anyhow::Result<Status> {
     let progress = Progress::spinner(&format!("verifying {}", path.display()), quiet);
     let report = bank.verify()?;
     drop(progress);
+    print_verify_json(path, &report)
+}
+
+fn print_verify_json(path: &Path, report: &deltamem::bank::VerifyReport) -> anyhow::Result<Status> {
     let bank_path = path.display().to_string();
     let out = VerifyOut {
         ok: report.is_ok(),

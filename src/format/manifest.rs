@@ -285,6 +285,17 @@ impl Manifest {
         if self.node_count >= u64::from(NODE_NONE) {
             return bad(MAN_NODE_COUNT_OFFSET, format!("node count {}", self.node_count));
         }
+        if self.node_count > super::node_capacity(self.rows_per_segment) {
+            return bad(
+                MAN_NODE_COUNT_OFFSET,
+                format!(
+                    "node count {} needs more than {} segments of {} rows",
+                    self.node_count,
+                    super::MAX_SEGMENT_COUNT,
+                    self.rows_per_segment
+                ),
+            );
+        }
         Ok(())
     }
 }

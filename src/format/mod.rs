@@ -81,16 +81,35 @@ pub fn vector_stride_bytes(dim_count: u32) -> u32 {
 }
 
 /// Default rows per segment: the largest power of two whose vector segment
-/// stays within 64 MiB, clamped to [1024, 65536]. Fixed-size segments let
-/// the bank grow without ever remapping a live mapping.
-pub fn default_rows_per_segment(dim_count: u32) -> u32 {
-    let stride = u64::from(vector_stride_bytes(dim_count));
+/// (`row_stride_bytes` per row, so an f16 bank gets twice the rows of an
+/// f32 one) stays within 64 MiB, clamped to [1024, 65536]. Fixed-size
+/// segments let the bank grow without ever remapping a live mapping.
+pub fn default_rows_per_segment(row_stride_bytes: u32) -> u32 {
+    let stride = u64::from(row_stride_bytes);
     let budget_bytes: u64 = 64 * 1024 * 1024;
     let mut rows: u64 = 65_536;
-    while rows > 1024 && rows * stride > budget_bytes {
+    while rows > u64::from(INIT_MIN_ROWS_PER_SEGMENT) && rows * stride > budget_bytes {
         rows /= 2;
     }
     rows as u32
+}
+
+/// Most segments a bank may have. A process maps up to three files per
+/// segment (node table, vectors, int8 side column), so a bank never needs
+/// more than 12,288 mappings: under a fifth of Linux's default
+/// `vm.max_map_count` (65,530), leaving the rest to the host process.
+pub const MAX_SEGMENT_COUNT: u32 = 4096;
+
+/// Fewest rows per segment `init` accepts, so that every bank holds at
+/// least `INIT_MIN_ROWS_PER_SEGMENT * MAX_SEGMENT_COUNT` = 4,194,304 nodes.
+/// (The library accepts smaller segments, down to 1, for tests that need
+/// many segments; the segment cap holds for them too.)
+pub const INIT_MIN_ROWS_PER_SEGMENT: u32 = 1024;
+
+/// Most nodes a bank with `rows_per_segment` rows per segment can hold:
+/// `MAX_SEGMENT_COUNT` segments, and never `NODE_NONE` or past it.
+pub fn node_capacity(rows_per_segment: u32) -> u64 {
+    (u64::from(rows_per_segment) * u64::from(MAX_SEGMENT_COUNT)).min(u64::from(NODE_NONE))
 }
 
 /// CRC-32 (IEEE, as computed by crc32fast) of `bytes`.
@@ -189,11 +208,17 @@ mod tests {
     #[test]
     fn default_segment_fits_budget() {
         for dim in [1, 8, 384, 768, 1024, 4096, 16_384] {
-            let rows = default_rows_per_segment(dim);
-            assert!(rows.is_power_of_two());
-            assert!((1024..=65_536).contains(&rows));
-            let seg = u64::from(rows) * u64::from(vector_stride_bytes(dim));
-            assert!(seg <= 64 * 1024 * 1024 || rows == 1024, "dim {dim}");
+            for stride in [vector_stride_bytes(dim), (dim * 2).next_multiple_of(64)] {
+                let rows = default_rows_per_segment(stride);
+                assert!(rows.is_power_of_two());
+                assert!((1024..=65_536).contains(&rows));
+                let seg = u64::from(rows) * u64::from(stride);
+                assert!(seg <= 64 * 1024 * 1024 || rows == 1024, "dim {dim}");
+                assert!(
+                    rows == 65_536 || seg * 2 > 64 * 1024 * 1024,
+                    "dim {dim}: not the largest"
+                );
+            }
         }
     }
 }

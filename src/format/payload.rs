@@ -103,6 +103,12 @@ pub fn check_record(record: &[u8], node_index: u32) -> Result<(), FormatError> {
     Ok(())
 }
 
+thread_local! {
+    /// One decompression context per thread, reused record after record.
+    static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// Checks and decodes a record. Decompression is bounded so a forged
 /// header cannot make us allocate more than the payload limit.
 pub fn decode_record(record: &[u8], node_index: u32) -> Result<Payload, FormatError> {
@@ -110,11 +116,28 @@ pub fn decode_record(record: &[u8], node_index: u32) -> Result<Payload, FormatEr
     let body = &record[PAYLOAD_HEADER_SIZE_BYTES..];
     // postcard adds at most a few varint bytes per string on top of the text.
     let limit_bytes = MAX_PAYLOAD_BYTES + 64 * 1024;
-    let plain = zstd::bulk::decompress(body, limit_bytes).map_err(|e| FormatError::Invalid {
-        what: WHAT,
-        offset_bytes: PAYLOAD_HEADER_SIZE_BYTES as u64,
-        detail: format!("zstd: {e}"),
-    })?;
+    // The frame states its content size (ours always do): allocating that,
+    // not the limit, keeps a record's decode from mapping and faulting in
+    // megabytes (verify and dump decode every record). A missing or forged
+    // size still cannot exceed the limit: zstd stops at the capacity.
+    let capacity = match zstd::zstd_safe::get_frame_content_size(body) {
+        Ok(Some(size)) if size <= limit_bytes as u64 => size as usize,
+        _ => limit_bytes,
+    };
+    let plain = DECOMPRESSOR
+        .with(|slot| {
+            let mut slot = slot.borrow_mut();
+            let decompressor = match slot.as_mut() {
+                Some(d) => d,
+                None => slot.insert(zstd::bulk::Decompressor::new()?),
+            };
+            decompressor.decompress(body, capacity)
+        })
+        .map_err(|e| FormatError::Invalid {
+            what: WHAT,
+            offset_bytes: PAYLOAD_HEADER_SIZE_BYTES as u64,
+            detail: format!("zstd: {e}"),
+        })?;
     postcard::from_bytes(&plain).map_err(|e| FormatError::Invalid {
         what: WHAT,
         offset_bytes: PAYLOAD_HEADER_SIZE_BYTES as u64,

@@ -145,6 +145,32 @@ impl Row {
         b
     }
 
+    /// The fields a reader indexes with, against the bank they belong to:
+    /// a CRC-valid row can still name a tree past `tree_count`, a depth
+    /// outside 1..=`max_depth` or a parent at or after itself (damage
+    /// written with a fresh checksum, or a forged file). Callers index
+    /// `trees[tree]` and walk parents, so such a row is corruption.
+    pub fn check_ranges(&self, tree_count: usize, max_depth: u8) -> Result<(), FormatError> {
+        let invalid = |offset: usize, detail: String| FormatError::Invalid {
+            what: WHAT,
+            offset_bytes: offset as u64,
+            detail,
+        };
+        if usize::from(self.tree) >= tree_count {
+            let detail = format!("row {} names tree {} of {tree_count}", self.index, self.tree);
+            return Err(invalid(ROW_TREE_OFFSET, detail));
+        }
+        if self.depth == 0 || self.depth > max_depth {
+            let detail = format!("row {} has depth {} outside 1..={max_depth}", self.index, self.depth);
+            return Err(invalid(ROW_DEPTH_OFFSET, detail));
+        }
+        if self.parent().is_some_and(|p| p >= self.index) {
+            let detail = format!("row {} names parent {}, not an earlier row", self.index, self.parent);
+            return Err(invalid(ROW_PARENT_OFFSET, detail));
+        }
+        Ok(())
+    }
+
     /// Decodes and checks one row. `expected_index` is the row's position in
     /// the table: a row stored at the wrong place is corruption too.
     pub fn decode(b: &[u8], expected_index: u32) -> Result<Row, FormatError> {

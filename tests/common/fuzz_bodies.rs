@@ -24,14 +24,23 @@ pub fn decode_manifest(data: &[u8]) {
     }
 }
 
-/// First 4 bytes: the expected index. A row that decodes re-encodes to
-/// the same 128 bytes.
+/// First 4 bytes: the expected index; then the row; then, optionally, the
+/// bank's tree count and D_max (one byte each; 2 and 5 if absent). A row
+/// that decodes re-encodes to the same 128 bytes, and its range check
+/// accepts exactly the rows whose tree, depth and parent a reader can
+/// index with.
 pub fn decode_row(data: &[u8]) {
     let Some((index, rest)) = data.split_first_chunk::<4>() else {
         return;
     };
     if let Ok(row) = Row::decode(rest, u32::from_le_bytes(*index)) {
         assert_eq!(&row.encode()[..], &rest[..ROW_SIZE_BYTES]);
+        let tree_count = rest.get(ROW_SIZE_BYTES).map_or(2, |&b| usize::from(b));
+        let max_depth = rest.get(ROW_SIZE_BYTES + 1).copied().unwrap_or(5);
+        let usable = usize::from(row.tree) < tree_count
+            && (1..=max_depth).contains(&row.depth)
+            && row.parent().is_none_or(|p| p < row.index);
+        assert_eq!(row.check_ranges(tree_count, max_depth).is_ok(), usable, "{row:?}");
     }
 }
 

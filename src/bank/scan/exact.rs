@@ -30,7 +30,7 @@ fn scan_rows(base: &Base, p: &ScanParams, queries: &[&[f32]], rows: Range<u32>) 
     for_each_chunk(base, rows, |maps, first, range| {
         let (table, vectors): (&[u8], &[u8]) = (&maps.table, &maps.vectors);
         selected.choose(maps, range.clone(), p);
-        in_steps(&selected, table, range.end, |at| {
+        in_steps(base, maps, first, &selected, range.end, |at| {
             let rows = Rows {
                 bytes: vectors,
                 stride_bytes: base.stride_bytes as usize,
@@ -42,7 +42,7 @@ fn scan_rows(base: &Base, p: &ScanParams, queries: &[&[f32]], rows: Range<u32>) 
                 Precision::F16 => kernels::score_f16(p.level, queries, dim, rows, out),
                 Precision::F32 | Precision::Int8 => kernels::score_f32(p.level, queries, dim, rows, out),
             }
-        });
+        })?;
         for i in 0..selected.len {
             for (b, top) in tops.iter_mut().enumerate() {
                 admit_at(top, p, &selected, i, scores[i * nq + b], first, table);

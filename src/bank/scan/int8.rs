@@ -164,7 +164,7 @@ fn first_pass(
         let quant: &[u8] = maps.quant.as_ref().expect("an int8 bank maps its side column");
         let table: &[u8] = &maps.table;
         selected.choose(maps, range.clone(), p);
-        in_steps(&selected, table, range.end, |at| {
+        in_steps(base, maps, first, &selected, range.end, |at| {
             let rows = Rows {
                 bytes: quant,
                 stride_bytes: qstride,
@@ -193,7 +193,7 @@ fn first_pass(
                     }
                 }
             }
-        });
+        })?;
         Ok(())
     })?;
     Ok(state)

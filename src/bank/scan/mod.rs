@@ -101,11 +101,26 @@ const PREFETCH_STEP_ROWS: usize = 32;
 /// in cache instead of waiting on memory, and the requests are spread out
 /// instead of a burst. After a chunk that needed no filtering (see
 /// `Selected::choose`) nothing is prefetched.
-fn in_steps(selected: &Selected, table: &[u8], next_slot: usize, mut step: impl FnMut(Range<usize>)) {
+///
+/// Before a step scores its rows, the vectors of those this process has
+/// not checked yet are checked against their CRCs (`Base::check_vectors`):
+/// a few dozen rows, so the kernel then reads them from cache and the
+/// check costs no second pass over memory.
+fn in_steps(
+    base: &Base,
+    maps: &SegmentMaps,
+    first: u32,
+    selected: &Selected,
+    next_slot: usize,
+    mut step: impl FnMut(Range<usize>),
+) -> Result<(), BankError> {
+    let table: &[u8] = &maps.table;
     let n = selected.len;
     let parts = n.div_ceil(PREFETCH_STEP_ROWS).max(1);
     for j in 0..parts {
-        step(j * PREFETCH_STEP_ROWS..((j + 1) * PREFETCH_STEP_ROWS).min(n));
+        let at = j * PREFETCH_STEP_ROWS..((j + 1) * PREFETCH_STEP_ROWS).min(n);
+        base.check_vectors(maps, first, &selected.slots[at.clone()])?;
+        step(at);
         if selected.lazy {
             continue; // a chunk without filters: so is the next, in the same segment
         }
@@ -113,6 +128,7 @@ fn in_steps(selected: &Selected, table: &[u8], next_slot: usize, mut step: impl 
             kernels::prefetch(table, slot * ROW_SIZE_BYTES);
         }
     }
+    Ok(())
 }
 
 /// What every row of one scan is judged by.

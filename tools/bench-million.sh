@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Every command of the deltamem CLI on a large bank, timed in one run, with
+# the disk's sequential write speed beside it (issue 15's table).
+#
+#   tools/bench-million.sh [--rows N] [--dim D] [--precision f32|f16|int8]
+#                          [--rounds R] [--work DIR] [--keep]
+#
+# Defaults: 1,000,000 x 768 f32, 3 rounds, work dir target/bench-million.
+# The larger-than-memory run of the issue is
+#   tools/bench-million.sh --rows 10000000 --dim 384 --precision f16
+#
+# Each round, in this order (so rounds interleave and see the same machine):
+#   dd          a file of the bank's size, bs=4M conv=fdatasync (MB/s)
+#   import      init + `import --npy` of the whole matrix into a fresh bank
+#   query       one query (k = 10, one thread) in a fresh process, page cache
+#               warm; beside it the warm in-process query of the same bank
+#               (examples/bench_scan scan: median of 5 after a first query)
+#   stats       warm, then cold (echo 3 > /proc/sys/vm/drop_caches; needs
+#               root, else reported as n/a)
+#   verify      after reading the bank back into the page cache
+#   freeze      into a new directory (the CLI then verifies the copy)
+#   compact     the live bank
+# Every command runs with DELTAMEM_PEAK_HEAP=1: the binary's counting
+# allocator prints its peak live heap (mapped files are not heap).
+# Prints a Markdown table of medians (min-max in brackets) on stdout; raw
+# figures go to DIR/results.txt. Needs about 2.2x the bank's size on disk
+# (matrix, bank, frozen copy); banks are deleted at the end unless --keep.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ROWS=1000000 DIM=768 PRECISION=f32 ROUNDS=3 WORK=target/bench-million KEEP=0
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --rows) ROWS=$2; shift 2 ;;
+        --dim) DIM=$2; shift 2 ;;
+        --precision) PRECISION=$2; shift 2 ;;
+        --rounds) ROUNDS=$2; shift 2 ;;
+        --work) WORK=$2; shift 2 ;;
+        --keep) KEEP=1; shift ;;
+        *) echo "bench-million: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+# BENCH_BIN_DIR: take deltamem and bench_scan from there instead of
+# building (e.g. a copy, so a build during a long run cannot swap them).
+if [[ -n "${BENCH_BIN_DIR:-}" ]]; then
+    D="$BENCH_BIN_DIR/deltamem" H="$BENCH_BIN_DIR/bench_scan"
+else
+    cargo build --release --bin deltamem --example bench_scan >&2
+    TARGET="${CARGO_TARGET_DIR:-target}/release"
+    D="$TARGET/deltamem" H="$TARGET/examples/bench_scan"
+fi
+mkdir -p "$WORK"
+DATA="$WORK/data-${ROWS}x${DIM}.npy"
+QUERIES="$WORK/queries-${ROWS}x${DIM}.npy"
+ONE="$WORK/query1-${DIM}.npy"
+if [[ ! -f "$DATA" || ! -f "$QUERIES" ]]; then
+    echo "bench-million: writing the ${ROWS} x ${DIM} matrix" >&2
+    "$H" gen "$DATA" "$ROWS" "$DIM" 20240607 "$QUERIES" 16
+fi
+[[ -f "$ONE" ]] || "$H" gen "$WORK/unused.npy" 1 "$DIM" 7 "$ONE" 1
+BANK="$WORK/bank-$PRECISION"
+FROZEN="$WORK/frozen-$PRECISION"
+RESULTS="$WORK/results.txt"
+: > "$RESULTS"
+
+now() { date +%s.%N; }
+calc() { awk "BEGIN { printf \"%.6f\", $1 }"; }
+last() { grep "^$1 " "$RESULTS" | tail -1 | cut -d' ' -f2; }
+record() { echo "$1 $2" >> "$RESULTS"; }
+
+# run NAME CMD...: times one command (stdout discarded, stdin empty) and
+# records its seconds and peak heap.
+run() {
+    local name=$1; shift
+    local start end
+    start=$(now)
+    if ! DELTAMEM_PEAK_HEAP=1 "$@" < /dev/null > "$WORK/stdout" 2> "$WORK/stderr"; then
+        echo "bench-million: $name failed:" >&2; cat "$WORK/stderr" >&2; exit 1
+    fi
+    end=$(now)
+    record "$name.s" "$(calc "$end - $start")"
+    record "$name.heap_mb" "$(sed -n 's/^deltamem: peak heap \([0-9]*\) bytes$/\1/p' "$WORK/stderr" | awk '{printf "%.1f", $1 / 1048576}')"
+}
+
+drop_caches() {
+    sync
+    if [[ -w /proc/sys/vm/drop_caches ]]; then echo 3 > /proc/sys/vm/drop_caches; return 0; fi
+    return 1
+}
+
+warm_cache() { cat "$1"/* > /dev/null; }
+
+for round in $(seq 1 "$ROUNDS"); do
+    echo "bench-million: round $round of $ROUNDS" >&2
+    rm -rf "$BANK" "$FROZEN"
+    # dd: as many 4 MiB blocks as the matrix has bytes.
+    blocks=$(( ($(stat -c %s "$DATA") + 4194303) / 4194304 ))
+    dd_out=$(dd if=/dev/zero of="$WORK/dd.tmp" bs=4M count="$blocks" conv=fdatasync 2>&1 | tail -1)
+    rm -f "$WORK/dd.tmp"
+    record dd.mb_s "$(echo "$dd_out" | sed -n 's/^\([0-9]*\) bytes.*copied, \([0-9.]*\) s.*$/\1 \2/p' | awk '{printf "%.0f", $1 / $2 / 1e6}')"
+
+    "$D" --quiet init "$BANK" --dim "$DIM" --tree all --precision "$PRECISION" > /dev/null
+    run import "$D" --quiet import "$BANK" --tree all --npy "$DATA"
+    record import.rows_s "$(calc "$ROWS / $(last import.s)")"
+    bank_bytes=$(du -sb "$BANK" | cut -f1)
+    record bank.mb "$(calc "$bank_bytes / 1000000")"
+
+    warm_cache "$BANK"
+    run query "$D" --quiet query "$BANK" --tree all --npy "$ONE" --k 10 --threads 1
+    inproc=$("$H" scan "$BANK" "$QUERIES" 10 1 5)
+    record query_warm_inprocess.s "$(echo "$inproc" | sed -n 's/.*"median_ms":\([0-9.]*\).*/\1/p' | awk '{print $1 / 1000}')"
+    record query_first_inprocess.s "$(echo "$inproc" | sed -n 's/.*"first_query_ms":\([0-9.]*\).*/\1/p' | awk '{print $1 / 1000}')"
+
+    run stats_warm "$D" --quiet stats "$BANK"
+    if drop_caches; then run stats_cold "$D" --quiet stats "$BANK"; fi
+
+    warm_cache "$BANK"
+    run verify "$D" --quiet verify "$BANK"
+    record verify.gb_s "$(calc "$bank_bytes / $(last verify.s) / 1e9")"
+
+    run freeze "$D" --quiet freeze "$BANK" "$FROZEN"
+    record freeze.mb_s "$(calc "$bank_bytes / $(last freeze.s) / 1e6")"
+    chmod -R u+w "$FROZEN"; rm -rf "$FROZEN"
+
+    run compact "$D" --quiet compact "$BANK"
+    record compact.mb_s "$(calc "$bank_bytes / $(last compact.s) / 1e6")"
+done
+
+if [[ $KEEP == 0 ]]; then rm -rf "$BANK" "$FROZEN"; fi
+
+python3 - "$RESULTS" "$ROWS" "$DIM" "$PRECISION" "$ROUNDS" <<'EOF'
+import statistics, sys
+path, rows, dim, precision, rounds = sys.argv[1:]
+figures = {}
+for line in open(path):
+    parts = line.split()
+    if len(parts) == 2:
+        figures.setdefault(parts[0], []).append(float(parts[1]))
+
+def fig(key, fmt="{:.2f}"):
+    v = figures.get(key)
+    if not v:
+        return "n/a"
+    return f"{fmt.format(statistics.median(v))} ({fmt.format(min(v))}-{fmt.format(max(v))})"
+
+def heap(key):
+    v = figures.get(key + ".heap_mb")
+    return f"{max(v):.1f} MB" if v else "n/a"
+
+med = lambda k: statistics.median(figures[k]) if figures.get(k) else float("nan")
+print(f"{int(rows):,} x {dim} {precision}, bank {med('bank.mb'):.0f} MB, {rounds} rounds; "
+      f"median (min-max); dd bs=4M conv=fdatasync: {fig('dd.mb_s', '{:.0f}')} MB/s\n")
+print("| command | seconds | rate | peak heap |")
+print("|---|---:|---:|---:|")
+print(f"| `import --npy` | {fig('import.s')} | {fig('import.rows_s', '{:,.0f}')} rows/s | {heap('import')} |")
+ratio = med('query.s') / med('query_warm_inprocess.s')
+print(f"| `query` (k=10, 1 thread), fresh process, warm cache | {fig('query.s', '{:.3f}')} | "
+      f"{ratio:.2f}x the warm in-process query | {heap('query')} |")
+print(f"| query in process: first / warm | {fig('query_first_inprocess.s', '{:.3f}')} / "
+      f"{fig('query_warm_inprocess.s', '{:.3f}')} | | |")
+print(f"| `stats`, warm / cold cache | {fig('stats_warm.s', '{:.3f}')} / {fig('stats_cold.s', '{:.3f}')} | | {heap('stats_warm')} |")
+print(f"| `verify` (from the page cache) | {fig('verify.s')} | {fig('verify.gb_s')} GB/s | {heap('verify')} |")
+print(f"| `freeze` (and verify of the copy) | {fig('freeze.s')} | {fig('freeze.mb_s', '{:.0f}')} MB/s | {heap('freeze')} |")
+print(f"| `compact` | {fig('compact.s')} | {fig('compact.mb_s', '{:.0f}')} MB/s | {heap('compact')} |")
+EOF
