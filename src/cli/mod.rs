@@ -112,6 +112,7 @@ pub fn is_input_error(e: &BankError) -> bool {
             | BankError::BadExternalId { .. }
             | BankError::DuplicateExternalId { .. }
             | BankError::BadConfig(_)
+            | BankError::BadQueryOption(_)
     )
 }
 
