@@ -182,6 +182,25 @@ fn main() {
         query_runs.push(run);
     }
 
+    let metrics = ureq::get(&format!("{base}/metrics"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    let counter = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    println!(
+        "query batching: {} queries in {} passes ({:.1} per pass)",
+        counter("deltamem_queries_total"),
+        counter("deltamem_query_batches_total"),
+        counter("deltamem_queries_total") / counter("deltamem_query_batches_total").max(1.0)
+    );
+
     let base = start(&empty);
     let url = format!("{base}/v1/nodes");
     let mut insert_runs = Vec::new();
@@ -207,6 +226,14 @@ fn main() {
     let p99_ratio = query_runs[2].pct(0.99) / query_runs[0].pct(0.5);
     let overhead_ms = query_runs[0].pct(0.5) - library_ms;
     let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
+    println!(
+        "load average (1 min) at the end: {}",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split(' ')
+            .next()
+            .unwrap_or("?")
+    );
     println!("targets:");
     println!(
         "  32-client durable inserts = {ratio:.1}x the 1-client rate (>= 10x): {}",

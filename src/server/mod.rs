@@ -93,30 +93,28 @@ async fn run(config: ServeConfig, core: Arc<Core>, ready: impl FnOnce(SocketAddr
     let cancel = tokio_util::sync::CancellationToken::new();
     let mcp = mcp::http_service(core, &bound, cancel.clone());
     let app = http::router(state, mcp);
+    let stop = shutdown_signal()?;
     ready(bound);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
-            shutdown_signal().await;
+            stop.await;
             cancel.cancel();
         })
         .await
         .map_err(io("the server failed"))
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => return std::future::pending().await,
-        };
+/// Resolves on SIGTERM or SIGINT. The handlers are installed when this
+/// is called (before the server announces itself), not when first polled,
+/// so a signal sent right after the announcement is not fatal.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, ServeError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(io("cannot handle SIGTERM"))?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(io("cannot handle SIGINT"))?;
+    Ok(async move {
         tokio::select! {
-            _ = interrupt => {}
+            _ = interrupt.recv() => {}
             _ = term.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    let _ = interrupt.await;
+    })
 }
