@@ -365,3 +365,28 @@ fn sigterm_checkpoints_and_exits_zero() {
         (Some(10), Some(10))
     );
 }
+
+/// An open event stream (an explorer tab) does not hold up shutdown, and
+/// it announces commits.
+#[test]
+fn sigterm_ends_event_streams() {
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &[]);
+    let address = server.base.trim_start_matches("http://").to_string();
+    let mut events = TcpStream::connect(&address).unwrap();
+    write!(events, "GET /v1/events HTTP/1.1\r\nHost: {address}\r\n\r\n").unwrap();
+    events.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut head = [0u8; 64];
+    let n = events.read(&mut head).unwrap();
+    assert!(String::from_utf8_lossy(&head[..n]).starts_with("HTTP/1.1 200"));
+    server.post("/v1/nodes", &node("task", json!("root"), "a", &one_hot(0)));
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("node_count") {
+        let n = events.read(&mut buf).unwrap();
+        assert!(n > 0, "stream closed early");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&seen).contains("\"node_count\":1"));
+    assert_eq!(server.terminate(), 0);
+}

@@ -10,7 +10,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use include_dir::{Dir, include_dir};
 use serde::Deserialize;
 
@@ -259,7 +259,8 @@ pub async fn events(State(state): State<AppState>) -> Sse<impl Stream<Item = Res
         let change = *rx.borrow_and_update();
         let data = serde_json::json!({"node_count": change.node_count, "last_lsn": change.last_lsn});
         Some((Ok(Event::default().event("change").data(data.to_string())), rx))
-    });
+    })
+    .take_until(state.shutdown.cancelled_owned());
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
 

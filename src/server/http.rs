@@ -49,6 +49,9 @@ pub struct AppState {
     pub limits: Arc<Limits>,
     /// Bearer token every request must carry (None: no authentication).
     pub token: Option<Arc<String>>,
+    /// Cancelled at shutdown: ends endless responses (event streams) so
+    /// the graceful shutdown does not wait for them forever.
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 impl AppState {

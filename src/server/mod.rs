@@ -85,12 +85,13 @@ async fn run(config: ServeConfig, core: Arc<Core>, ready: impl FnOnce(SocketAddr
         .await
         .map_err(io(format!("cannot listen on {}", config.listen)))?;
     let bound = listener.local_addr().map_err(io("cannot read the bound address"))?;
+    let cancel = tokio_util::sync::CancellationToken::new();
     let state = http::AppState {
         core: core.clone(),
         limits: Arc::new(config.limits.clone()),
         token: config.token.map(Arc::new),
+        shutdown: cancel.clone(),
     };
-    let cancel = tokio_util::sync::CancellationToken::new();
     let mcp = mcp::http_service(core, &bound, cancel.clone());
     let app = http::router(state, mcp);
     let stop = shutdown_signal()?;

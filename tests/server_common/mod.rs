@@ -129,13 +129,19 @@ impl Server {
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {text}"))
     }
 
-    /// SIGTERM, then the exit code.
+    /// SIGTERM, then the exit code (panics if it takes over 60 s).
     pub fn terminate(mut self) -> i32 {
         let pid = self.child.id().to_string();
         let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         assert!(killed.success());
-        let status = self.child.wait().unwrap();
-        status.code().expect("exited, not killed by a signal")
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code().expect("exited, not killed by a signal");
+            }
+            assert!(Instant::now() < deadline, "no exit within 60 s of SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
