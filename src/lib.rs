@@ -17,6 +17,9 @@ pub mod interop;
 pub mod storage;
 pub mod tree;
 
+#[cfg(feature = "server")]
+pub mod server;
+
 pub use bank::{
     Attach, Bank, BankConfig, BankError, Change, ChangeAck, CompactReport, ConsolidateAck, FreezeReport, HitAck,
     ImportedState, InsertAck, Match, NewNode, NodeInfo, NodeRef, OpenOptions, PendingIds, Problem, QueryOptions, Stats,

@@ -169,6 +169,13 @@ enum Command {
     /// Record a finished episode: extract with the LLM, place the nodes,
     /// count hits, consolidate (feature `agent`).
     Record(cli::agent::RecordArgs),
+    /// Serve the bank over HTTP/JSON and MCP to many clients (docs/SERVER.md).
+    #[cfg(feature = "server")]
+    Serve(cli::serve::ServeArgs),
+    /// Serve the bank's MCP tools over stdin/stdout; many of these can
+    /// share one bank (docs/SERVER.md).
+    #[cfg(feature = "server")]
+    Mcp(cli::serve::McpArgs),
     /// Walk through the agent loop: a recorded ScienceWorld run replayed
     /// with MiniLM embeddings (feature `agent` and its assets), else a
     /// scripted run with a toy embedder.
@@ -253,6 +260,10 @@ fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Retrieve(args) => cli::agent::retrieve(&args),
         Command::Record(args) => cli::agent::record(&args),
         Command::Demo { dir, keep, toy } => cli::demo::run(dir.as_deref(), keep, quiet, toy),
+        #[cfg(feature = "server")]
+        Command::Serve(args) => cli::serve::serve(args, quiet),
+        #[cfg(feature = "server")]
+        Command::Mcp(args) => cli::serve::mcp(args),
     }
 }
 

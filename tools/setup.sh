@@ -5,7 +5,8 @@
 #   2. the release build of the `deltamem` command, with the `agent`
 #      feature so the demo can embed with MiniLM
 #   3. the Python package into the project virtualenv .venv/
-#   4. the demo: a recorded ScienceWorld run replayed through the memory
+#   4. the server's Python test tools (mcp, schemathesis) into .venv/
+#   5. the demo: a recorded ScienceWorld run replayed through the memory
 #      loop with real embeddings (the toy demo if the assets are unusable)
 #
 # Each step is idempotent, so running it again only repeats the demo.
@@ -23,6 +24,11 @@ cargo build --release --quiet --features agent
 # --- Python package (python/, docs/PYTHON.md) --------------------------
 step "Python package into .venv (tools/setup-python.sh)"
 tools/setup-python.sh
+# -----------------------------------------------------------------------
+
+# --- Server test tools (docs/SERVER.md): mcp, schemathesis into .venv ---
+step "server test tools into .venv (tools/setup-server-python.sh)"
+tools/setup-server-python.sh
 # -----------------------------------------------------------------------
 
 step "demo"

@@ -19,3 +19,13 @@ step "Python (pytest python/tests)"
 tools/setup-python.sh
 DELTAMEM_REQUIRE_ASSETS=1 .venv/bin/python -m pytest -q python/tests
 # -----------------------------------------------------------------------
+
+# --- Server (docs/SERVER.md): MCP through the Python `mcp` client over
+# stdio and Streamable HTTP, four stdio servers on one bank; then
+# schemathesis against /openapi.json of a live server. (.ci/run adds kill -9
+# cycles of the server: tools/server-kill9.sh.)
+step "server: MCP clients (pytest tests/python_server)"
+DELTAMEM_BIN=target/release/deltamem .venv/bin/python -m pytest -q tests/python_server
+step "server: schemathesis against /openapi.json"
+tools/server-schemathesis.sh
+# -----------------------------------------------------------------------

@@ -22,6 +22,8 @@ pub mod progress;
 pub mod query;
 pub mod query_npy;
 pub mod report;
+#[cfg(feature = "server")]
+pub mod serve;
 pub mod update;
 
 use std::io::{self, Write};

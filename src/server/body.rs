@@ -1,0 +1,310 @@
+//! Request and response bodies of the HTTP and MCP faces.
+//!
+//! The CLI's request and reply types come from `deltamem::api` (one set
+//! for every face); what only the server has (batches, pages, summaries,
+//! bank info, stats, errors) is defined here.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::api::QueryDefaults;
+pub use crate::api::{
+    ChainReply, ConsolidateReply, ConsolidateRequest, HitReply, InsertReply, InsertRequest, NodeRefJson, NodeReply,
+    QueryReply, TreeQuery,
+};
+use crate::bank::{Bank, BankError, QueryOptions};
+use crate::format::row::Row;
+
+/// Several queries with the same options, scored in one pass.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QueryBatchRequest {
+    pub embeddings: Vec<Vec<f32>>,
+    /// How many matches per query (default 1).
+    #[serde(default)]
+    pub k: Option<usize>,
+    /// Threshold in -1..=1 (default: the tree's).
+    #[serde(default)]
+    pub tau: Option<f32>,
+    /// Failure penalty, finite and >= 0 (default: the bank's).
+    #[serde(default)]
+    pub eps: Option<f32>,
+    /// Also match nodes already distilled into a consolidated root.
+    #[serde(default)]
+    pub include_consolidated: Option<bool>,
+}
+
+impl QueryBatchRequest {
+    /// The embeddings, and the options checked as for a single query.
+    pub fn into_parts(self) -> Result<(Vec<Vec<f32>>, QueryOptions), BankError> {
+        let options = TreeQuery {
+            embedding: Vec::new(),
+            k: self.k,
+            tau: self.tau,
+            eps: self.eps,
+            include_consolidated: self.include_consolidated,
+        }
+        .options(QUERY_DEFAULTS)?;
+        Ok((self.embeddings, options))
+    }
+}
+
+/// What the server fills in for options a query leaves out.
+pub const QUERY_DEFAULTS: QueryDefaults = QueryDefaults {
+    k: 1,
+    include_consolidated: false,
+};
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct QueryBatchAnswer {
+    pub answers: Vec<QueryReply>,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InsertBatchRequest {
+    pub nodes: Vec<InsertRequest>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct AcksOut {
+    pub acks: Vec<InsertReply>,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetrievalsRequest {
+    /// The nodes of a chain that was used (each counted once).
+    pub ids: Vec<NodeRefJson>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct RetrievalsOut {
+    pub ok: bool,
+    pub nodes: u32,
+}
+
+/// `GET /v1/nodes/{id}`: the dump line plus the node's children.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct NodeDetail {
+    #[serde(flatten)]
+    pub node: NodeReply,
+    pub children: Vec<u32>,
+}
+
+/// A node in lists: no payload, a short title instead.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct NodeSummary {
+    pub id: u32,
+    pub parent: Option<u32>,
+    pub depth: u8,
+    #[serde(rename = "type")]
+    pub node_type: String,
+    pub label: String,
+    pub consolidated: bool,
+    pub consolidated_root: bool,
+    pub success_hits: u32,
+    pub retrievals: u32,
+    pub created_at_ms: u64,
+    pub external_id: Option<String>,
+    /// Activation condition, or else the scenario, cut to 120 characters.
+    pub title: String,
+}
+
+/// Longest `title` of a summary, in characters.
+const TITLE_MAX_CHARS: usize = 120;
+
+impl NodeSummary {
+    pub fn new(bank: &Bank, index: u32) -> Result<NodeSummary, BankError> {
+        let row: Row = bank.row(index)?;
+        let payload = bank.payload(index)?;
+        let text = payload
+            .fields
+            .get("activation_condition")
+            .filter(|t| !t.is_empty())
+            .unwrap_or(&payload.scenario);
+        Ok(NodeSummary {
+            id: index,
+            parent: row.parent(),
+            depth: row.depth,
+            node_type: row.node_type.as_str().into(),
+            label: row.label.as_str().into(),
+            consolidated: row.is_consolidated(),
+            consolidated_root: row.is_consolidated_root(),
+            success_hits: row.success_hits,
+            retrievals: row.retrievals,
+            created_at_ms: row.created_unix_ms,
+            external_id: row.external_id_text(),
+            title: text.chars().take(TITLE_MAX_CHARS).collect(),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct NodePage {
+    pub total: u32,
+    pub nodes: Vec<NodeSummary>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct NodeList {
+    pub nodes: Vec<NodeSummary>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ChildrenOut {
+    pub children: Vec<NodeSummary>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct DueOut {
+    pub due: Vec<NodeSummary>,
+}
+
+/// A chain, root first; rendered: ids and the prompt text.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum ChainOut {
+    Nodes(ChainReply),
+    Rendered { chain: Vec<u32>, text: String },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct TreeInfo {
+    pub name: String,
+    pub tau: f32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct BankInfo {
+    pub dim: u32,
+    pub precision: String,
+    pub eps: f32,
+    pub max_depth: u8,
+    pub consolidate_after: u32,
+    pub trees: Vec<TreeInfo>,
+    pub node_count: u32,
+    pub read_only: bool,
+    /// Whether /v1/retrieve and /v1/record are served.
+    pub agent: bool,
+}
+
+impl BankInfo {
+    pub fn new(bank: &Bank, read_only: bool) -> BankInfo {
+        let m = bank.manifest();
+        BankInfo {
+            dim: bank.dim_count(),
+            precision: format!("{:?}", bank.precision()).to_lowercase(),
+            eps: m.eps,
+            max_depth: m.max_depth,
+            consolidate_after: m.consolidate_after,
+            trees: m
+                .trees
+                .iter()
+                .map(|t| TreeInfo {
+                    name: t.name.clone(),
+                    tau: t.tau,
+                })
+                .collect(),
+            node_count: bank.node_count(),
+            read_only,
+            agent: cfg!(feature = "agent"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct TreeStatsOut {
+    pub name: String,
+    pub tau: f32,
+    pub nodes: u64,
+    pub roots: u64,
+    pub residuals: u64,
+    pub successes: u64,
+    pub failures: u64,
+    pub consolidated: u64,
+    pub consolidated_roots: u64,
+    pub due_for_consolidation: u64,
+    /// `depth_histogram[d - 1]` = nodes at depth d.
+    pub depth_histogram: Vec<u64>,
+}
+
+/// Counts and sizes, as `deltamem stats --json` (without the per-process
+/// kernel and the --deep compression figures).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct StatsOut {
+    pub dim: u32,
+    pub precision: String,
+    pub nodes: u64,
+    pub checkpointed_nodes: u64,
+    pub trees: Vec<TreeStatsOut>,
+    pub vector_bytes: u64,
+    pub table_bytes: u64,
+    pub payload_bytes: u64,
+    pub wal_bytes: u64,
+    pub checkpoint_lsn: u64,
+    pub frozen: bool,
+}
+
+impl StatsOut {
+    pub fn new(s: crate::bank::Stats) -> StatsOut {
+        StatsOut {
+            dim: s.dim_count,
+            precision: format!("{:?}", s.precision).to_lowercase(),
+            nodes: s.nodes,
+            checkpointed_nodes: s.checkpointed_nodes,
+            trees: s
+                .trees
+                .into_iter()
+                .map(|t| TreeStatsOut {
+                    name: t.name,
+                    tau: t.tau,
+                    nodes: t.nodes,
+                    roots: t.roots,
+                    residuals: t.residuals,
+                    successes: t.successes,
+                    failures: t.failures,
+                    consolidated: t.consolidated,
+                    consolidated_roots: t.consolidated_roots,
+                    due_for_consolidation: t.due_for_consolidation,
+                    depth_histogram: t.depth_histogram,
+                })
+                .collect(),
+            vector_bytes: s.vector_bytes,
+            table_bytes: s.table_bytes,
+            payload_bytes: s.payload_bytes,
+            wal_bytes: s.wal_bytes,
+            checkpoint_lsn: s.checkpoint_lsn,
+            frozen: s.frozen,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ProblemOut {
+    /// File name inside the bank ("" for the bank as a whole).
+    pub file: String,
+    pub offset_bytes: u64,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct VerifyOut {
+    pub ok: bool,
+    pub nodes_checked: u64,
+    pub wal_records: u64,
+    pub problems: Vec<ProblemOut>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ErrorOut {
+    /// What is wrong, naming the field when one is to blame.
+    pub error: String,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub field: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct HealthOut {
+    pub ok: bool,
+}
