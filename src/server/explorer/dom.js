@@ -1,9 +1,11 @@
 // Small DOM helpers: every text goes in through textContent, never HTML.
 
-// h('a.cls', {href: '#'}, 'text', child...) builds an element.
+// h('a#id.cls', {href: '#'}, 'text', child...) builds an element.
 export function h(tag, attrs = {}, ...children) {
-  const [name, ...classes] = tag.split('.');
+  const [head, ...classes] = tag.split('.');
+  const [name, id] = head.split('#');
   const el = document.createElement(name);
+  if (id) el.id = id;
   if (classes.length) el.className = classes.join(' ');
   for (const [key, value] of Object.entries(attrs || {})) {
     if (value === undefined || value === null || value === false) continue;
@@ -11,7 +13,7 @@ export function h(tag, attrs = {}, ...children) {
     else if (key === 'dataset') Object.assign(el.dataset, value);
     else el.setAttribute(key, value === true ? '' : value);
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
     el.append(child instanceof Node ? child : String(child));
   }
@@ -24,7 +26,7 @@ export function svg(tag, attrs = {}, ...children) {
   for (const [key, value] of Object.entries(attrs)) {
     if (value !== undefined && value !== null) el.setAttribute(key, value);
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child !== null && child !== undefined) el.append(child instanceof Node ? child : String(child));
   }
   return el;

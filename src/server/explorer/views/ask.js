@@ -51,7 +51,7 @@ function neighbourForm(bank, out) {
       out.replaceChildren(errorBox(error));
     }
   };
-  return h('form.ask#neighbours', { onsubmit: submit },
+  return h('form#neighbours.ask', { onsubmit: submit },
     h('h3', {}, 'Neighbours of a node or a vector'),
     h('div.row', {}, h('label', {}, 'tree ', tree), h('label', {}, 'k ', k), h('label', {}, 'τ ', tau)),
     h('div.row', {}, h('label', {}, 'node ', node)), h('div.row', {}, vector),
@@ -63,7 +63,7 @@ function retrieved(found) {
     m ? [h('p', {}, 'best node ', nodeLink(m.node), ` score ${m.score.toFixed(4)}, depth ${m.depth}, ${m.node_type} ${m.label}; chain `,
       m.chain.map((id, j) => [j ? ' → ' : '', nodeLink(id)]))] : h('p.muted', {}, 'nothing at or above the threshold'));
   return [chainCard('task', found.task), chainCard('env', found.env),
-    h('section.card', {}, h('h3', {}, 'rendered context'), h('pre.rendered#retrieved-context', {}, found.context || '(empty: nothing matched)'))];
+    h('section.card', {}, h('h3', {}, 'rendered context'), h('pre#retrieved-context.rendered', {}, found.context || '(empty: nothing matched)'))];
 }
 
 function retrieveForm(out) {
@@ -79,14 +79,14 @@ function retrieveForm(out) {
       out.replaceChildren(errorBox(error));
     }
   };
-  return h('form.ask#retrieve', { onsubmit: submit }, h('h3', {}, 'What would the agent be shown?'),
+  return h('form#retrieve.ask', { onsubmit: submit }, h('h3', {}, 'What would the agent be shown?'),
     h('label.block', {}, 'task', task), h('label.block', {}, 'environment', env), h('button', { type: 'submit' }, 'Retrieve'));
 }
 
 export async function render(container, _args, state) {
   const bank = state.bank;
-  const retrieveOut = h('div.answer#retrieve-answer');
-  const neighbourOut = h('div.answer#neighbour-answer');
+  const retrieveOut = h('div#retrieve-answer.answer');
+  const neighbourOut = h('div#neighbour-answer.answer');
   container.replaceChildren(
     h('h2', {}, 'Ask the memory'),
     bank.agent ? [retrieveForm(retrieveOut), retrieveOut]

@@ -82,8 +82,16 @@ function nodeSvg(d) {
   }
   return `<g class="node ${kindClasses(n).join(' ')}" data-id="${n.id}" transform="translate(${x},${y})">` +
     `<title>${escapeXml(title)}</title><rect width="${NODE_W}" height="${NODE_H}" rx="${corner}"/>` +
+    (n.consolidated_root ? `<rect class="inner" x="3" y="3" width="${NODE_W - 6}" height="${NODE_H - 6}" rx="${corner - 2}"/>` : '') +
     `<text class="caption" x="6" y="12">${escapeXml(caption)}</text>` +
     `<text x="6" y="27">${escapeXml(cut(n.title, TITLE_CHARS))}</text>${toggle}</g>`;
+}
+
+// The tree's name where its top-level roots hang, as `draw` shows it.
+function virtualRootSvg(layout, name) {
+  const cx = layout.y + COL_W / 2 + NODE_W / 2 - 60;
+  return `<g class="virtual-root"><ellipse cx="${cx}" cy="${layout.x}" rx="60" ry="16"/>` +
+    `<text x="${cx}" y="${layout.x + 4}" text-anchor="middle">${escapeXml(cut(name, 16))}</text></g>`;
 }
 
 function edgesPath(layout) {
@@ -136,11 +144,11 @@ class TreeDrawing {
     this.layout = tidyTree().nodeSize([ROW_H, COL_W]).separation((a, b) => (a.parent === b.parent ? 1 : 1.25))(root);
     this.edges.attr('d', edgesPath(this.layout));
     const drawn = this.layout.descendants().filter((d) => !d.data.virtual);
-    this.nodes.html(drawn.map(nodeSvg).join(''));
+    this.nodes.html(virtualRootSvg(this.layout, this.name) + drawn.map(nodeSvg).join(''));
     this.drawnCount = drawn.length;
     this.bounds = drawn.reduce((b, d) => ({
       x0: Math.min(b.x0, d.y), x1: Math.max(b.x1, d.y + COL_W), y0: Math.min(b.y0, d.x), y1: Math.max(b.y1, d.x),
-    }), { x0: Infinity, x1: -Infinity, y0: Infinity, y1: -Infinity });
+    }), { x0: this.layout.y + COL_W / 2 + NODE_W / 2 - 130, x1: -Infinity, y0: Infinity, y1: -Infinity });
     if (this.focused !== null) this.mark(this.focused);
   }
 
@@ -183,8 +191,17 @@ class TreeDrawing {
   }
 }
 
+// Search results stay listed; picking one focuses it in the drawing and
+// records it in the address without re-rendering the view.
 function searchBox(treeName, drawing, results) {
   const input = h('input', { type: 'search', id: 'tree-search', placeholder: 'node id, external id or scenario text', size: 36 });
+  const pick = (id) => {
+    drawing.focus(id);
+    history.replaceState(null, '', `#/tree/${encodeURIComponent(treeName)}/${id}`);
+  };
+  const item = (n) => h('li', {},
+    h('a', { href: `#/tree/${encodeURIComponent(treeName)}/${n.id}`, dataset: { id: n.id }, onclick: (e) => { e.preventDefault(); pick(n.id); } }, `#${n.id}`),
+    ' ', h('span.muted', {}, n.external_id || ''), ' ', cut(n.title, 80), ' ', h('a', { href: `#/node/${n.id}` }, 'open'));
   const run = async (event) => {
     event.preventDefault();
     const q = input.value.trim();
@@ -194,10 +211,9 @@ function searchBox(treeName, drawing, results) {
       const found = (await api.search(treeName, q, 50)).nodes;
       results.replaceChildren(
         h('div.muted', {}, found.length ? `${found.length} found${found.length === 50 ? ' (first 50)' : ''}` : 'nothing found'),
-        h('ol.search-results', {}, found.map((n) => h('li', {},
-          h('a', { href: `#/tree/${encodeURIComponent(treeName)}/${n.id}`, dataset: { id: n.id } }, `#${n.id}`),
-          ' ', h('span.muted', {}, n.external_id || ''), ' ', cut(n.title, 80)))));
-      if (found.length > 0) location.hash = `#/tree/${encodeURIComponent(treeName)}/${found[0].id}`;
+        h('ol.search-results', {}, found.map(item)));
+      if (found.length > 0) pick(found[0].id);
+      results.dataset.done = 'true';
     } catch (error) {
       results.replaceChildren(errorBox(error));
     }

@@ -1,0 +1,84 @@
+// What the browser tests share: the deltamem command, a bank built from
+// the reference ScienceWorld trees, and a `deltamem serve` process on a
+// random port of 127.0.0.1 that is stopped when the tests end.
+import { execFileSync, spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
+export const DELTAMEM = process.env.DELTAMEM_BIN || path.join(REPO, 'target/release/deltamem');
+export const ARTIFACTS = path.join(REPO, 'target/browser-artifacts');
+const REFERENCE = path.join(REPO, 'tests/fixtures/reference');
+const SERVER_START_MS = 30000;
+
+export function cli(args, input) {
+  return execFileSync(DELTAMEM, ['--quiet', ...args], { input, maxBuffer: 1 << 30 }).toString();
+}
+
+export function jsonLines(text) {
+  return text.split('\n').filter((l) => l.trim()).map((l) => JSON.parse(l));
+}
+
+// The two ScienceWorld trees, plus one consolidation so that every kind
+// of node the page draws is present: node 10 (a SUCCESS residual at
+// depth 3 of `task`) gets three success hits and is distilled into a
+// new gold root.
+export const CONSOLIDATED = 10;
+export function buildBank() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'deltamem-explorer-'));
+  const bank = path.join(dir, 'bank');
+  cli(['init', bank, '--dim', '768']);
+  for (const tree of ['task', 'env']) {
+    cli(['import', bank, '--tree', tree, '--reference-json', path.join(REFERENCE, `sciworld_qwen3-8b_dev_${tree}.json`)]);
+  }
+  for (let i = 0; i < 3; i++) cli(['hit', bank, String(CONSOLIDATED)]);
+  const chain = JSON.parse(cli(['chain', bank, String(CONSOLIDATED)]));
+  const payload = {
+    activation_condition: 'Distilled for the browser test: handling living things in ScienceWorld tasks',
+    execution_procedure: '1. Find the organism. 2. Focus on it. 3. Move it as the task says.',
+    provenance: JSON.stringify({ prompt: 'distill', extractor: 'browser-test', source: CONSOLIDATED, chain: chain.chain ?? chain, unix_ms: Date.now() }),
+  };
+  const ack = JSON.parse(cli(['consolidate', bank, String(CONSOLIDATED), '--payload', JSON.stringify(payload)]));
+  return { dir, bank, consolidation: ack };
+}
+
+// Starts `deltamem serve` and resolves with its base URL once /healthz
+// answers. The server prints the URL it listens on.
+export async function startServer(bank) {
+  const child = spawn(DELTAMEM, ['serve', bank, '--listen', '127.0.0.1:0'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let output = '';
+  const url = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`deltamem serve printed no URL in ${SERVER_START_MS} ms:\n${output}`)), SERVER_START_MS);
+    const look = (chunk) => {
+      output += chunk;
+      const found = output.match(/http:\/\/127\.0\.0\.1:\d+\/?/);
+      if (found) {
+        clearTimeout(timer);
+        resolve(found[0].endsWith('/') ? found[0] : `${found[0]}/`);
+      }
+    };
+    child.stdout.on('data', look);
+    child.stderr.on('data', look);
+    child.on('exit', (code) => reject(new Error(`deltamem serve exited with ${code}:\n${output}`)));
+  });
+  for (let attempt = 0; attempt < 100; attempt++) {
+    try {
+      if ((await fetch(`${url}healthz`)).ok) break;
+    } catch {
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+  const stop = () => new Promise((resolve) => {
+    if (child.exitCode !== null) return resolve();
+    child.on('exit', resolve);
+    child.kill('SIGTERM');
+  });
+  return { url, stop, child };
+}
+
+export function screenshotPath(name) {
+  fs.mkdirSync(ARTIFACTS, { recursive: true });
+  return path.join(ARTIFACTS, `${name}.png`);
+}
