@@ -4,7 +4,7 @@
 // Nodes are written as one SVG string per redraw: at 10k nodes that is
 // several times faster than creating elements one by one.
 import { tree as tidyTree, hierarchy } from 'd3-hierarchy';
-import { select } from 'd3-selection';
+import { pointer, select } from 'd3-selection';
 import { zoom, zoomIdentity, zoomTransform } from 'd3-zoom';
 import { api, treeSummaries } from '../api.js';
 import { errorBox, h, kindClasses, legend } from '../dom.js';
@@ -17,6 +17,10 @@ const TITLE_CHARS = 34;
 // Open everything up to this many drawn nodes; deeper levels start
 // collapsed and open on a click (lazy expansion).
 const INITIAL_VISIBLE = 12000;
+// Above this many drawn nodes only those in view are put into the DOM;
+// above LABELLED_MAX in view, they are drawn as boxes without text.
+const WINDOW_FROM = 1500;
+const LABELLED_MAX = 1200;
 
 const escapeXml = (text) => String(text).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 const cut = (text, n) => {
@@ -94,15 +98,22 @@ function virtualRootSvg(layout, name) {
     `<text x="${cx}" y="${layout.x + 4}" text-anchor="middle">${escapeXml(cut(name, 16))}</text></g>`;
 }
 
-function edgesPath(layout) {
-  let d = '';
-  for (const link of layout.links()) {
-    const x0 = link.source.y + COL_W / 2 + NODE_W / 2;
-    const x1 = link.target.y + COL_W / 2 - NODE_W / 2;
-    const xm = (x0 + x1) / 2;
-    d += `M${x0},${link.source.x}C${xm},${link.source.x} ${xm},${link.target.x} ${x1},${link.target.x}`;
+function edgePath(source, target) {
+  const x0 = source.y + COL_W / 2 + NODE_W / 2;
+  const x1 = target.y + COL_W / 2 - NODE_W / 2;
+  const xm = (x0 + x1) / 2;
+  return `M${x0},${source.x}C${xm},${source.x} ${xm},${target.x} ${x1},${target.x}`;
+}
+
+// Zoomed far out, boxes without text: one path per node kind.
+function compactSvg(nodes) {
+  const paths = new Map();
+  for (const d of nodes) {
+    const key = kindClasses(d.data).join(' ');
+    const x = d.y - NODE_W / 2 + COL_W / 2;
+    paths.set(key, (paths.get(key) || '') + `M${x},${d.x - NODE_H / 2}h${NODE_W}v${NODE_H}h${-NODE_W}z`);
   }
-  return d;
+  return [...paths].map(([key, d]) => `<g class="node-block ${key}"><path d="${d}"/></g>`).join('');
 }
 
 class TreeDrawing {
@@ -113,7 +124,7 @@ class TreeDrawing {
     this.viewport = this.svg.append('g').attr('class', 'viewport');
     this.edges = this.viewport.append('path').attr('class', 'edges');
     this.nodes = this.viewport.append('g').attr('class', 'nodes');
-    this.zoom = zoom().scaleExtent([0.02, 3]).on('zoom', (e) => this.viewport.attr('transform', e.transform));
+    this.zoom = zoom().scaleExtent([0.02, 3]).on('zoom', (e) => this.onZoom(e.transform));
     this.svg.call(this.zoom).on('dblclick.zoom', null);
     this.nodes.on('click', (e) => this.click(e));
     this.open = new Set();
@@ -136,20 +147,55 @@ class TreeDrawing {
     }
     const node = event.target.closest('.node');
     if (node) this.onOpen(Number(node.dataset.id));
+    else if (this.compact) this.svg.call(this.zoom.scaleTo, 1, pointer(event, this.svg.node()));
   }
 
   draw() {
     const top = { id: -1, virtual: true, kids: this.model.roots };
     const root = hierarchy(top, (n) => (n.virtual || this.open.has(n.id) ? n.kids : null));
     this.layout = tidyTree().nodeSize([ROW_H, COL_W]).separation((a, b) => (a.parent === b.parent ? 1 : 1.25))(root);
-    this.edges.attr('d', edgesPath(this.layout));
-    const drawn = this.layout.descendants().filter((d) => !d.data.virtual);
-    this.nodes.html(virtualRootSvg(this.layout, this.name) + drawn.map(nodeSvg).join(''));
-    this.drawnCount = drawn.length;
-    this.bounds = drawn.reduce((b, d) => ({
+    this.drawn = this.layout.descendants().filter((d) => !d.data.virtual);
+    this.drawnCount = this.drawn.length;
+    this.windowed = this.drawn.length > WINDOW_FROM;
+    this.bounds = this.drawn.reduce((b, d) => ({
       x0: Math.min(b.x0, d.y), x1: Math.max(b.x1, d.y + COL_W), y0: Math.min(b.y0, d.x), y1: Math.max(b.y1, d.x),
     }), { x0: this.layout.y + COL_W / 2 + NODE_W / 2 - 130, x1: -Infinity, y0: Infinity, y1: -Infinity });
+    this.paint();
+  }
+
+  // The nodes inside the canvas (plus a margin) under the current zoom.
+  inWindow() {
+    const t = zoomTransform(this.svg.node());
+    const { width, height } = this.svg.node().getBoundingClientRect();
+    const margin = 200 / t.k;
+    const [x0, x1] = [-t.x / t.k - margin, (width - t.x) / t.k + margin];
+    const [y0, y1] = [-t.y / t.k - margin, (height - t.y) / t.k + margin];
+    return this.drawn.filter((d) => d.y + COL_W >= x0 && d.y <= x1 && d.x >= y0 && d.x <= y1);
+  }
+
+  // Puts the drawing into the DOM: all of it for a small tree; for a big
+  // one only what the canvas shows (redone as the view pans and zooms),
+  // as text-less boxes when more than LABELLED_MAX nodes are in view.
+  paint() {
+    const nodes = this.windowed ? this.inWindow() : this.drawn;
+    this.compact = nodes.length > LABELLED_MAX;
+    let edges = '';
+    for (const d of nodes) if (d.parent) edges += edgePath(d.parent, d);
+    this.edges.attr('d', edges);
+    const body = this.compact ? compactSvg(nodes) : nodes.map(nodeSvg).join('');
+    this.nodes.html(virtualRootSvg(this.layout, this.name) + body);
+    this.paintedCount = this.compact ? 0 : nodes.length;
     if (this.focused !== null) this.mark(this.focused);
+  }
+
+  onZoom(transform) {
+    this.viewport.attr('transform', transform);
+    if (!this.windowed || this.paintPending) return;
+    this.paintPending = true;
+    requestAnimationFrame(() => {
+      this.paintPending = false;
+      this.paint();
+    });
   }
 
   // Fit the whole drawing (never enlarged past 1:1) into the canvas.
@@ -241,7 +287,7 @@ export async function render(container, args, state) {
     h('div.tree-body', {}, canvas, results),
     h('div.tree-foot', {}, info, legend()));
   const describe = () => {
-    info.textContent = `${model.byId.size} nodes, ${drawing.drawnCount} drawn · drag to pan, wheel to zoom, ± opens and closes a subtree, a click opens the node`;
+    info.textContent = `${model.byId.size} nodes, ${drawing.drawnCount} open${drawing.windowed ? ' (those in view are drawn)' : ''} · drag to pan, wheel to zoom, ± opens and closes a subtree, a click opens the node`;
   };
   drawing.setModel(model, false);
   drawing.draw();
