@@ -45,7 +45,8 @@ export function buildBank() {
 }
 
 // Starts `deltamem serve` and resolves with its base URL once /healthz
-// answers. The server prints the URL it listens on.
+// answers. The server prints the address it listens on (port 0 asks
+// the system for a free one).
 export async function startServer(bank) {
   const child = spawn(DELTAMEM, ['serve', bank, '--listen', '127.0.0.1:0'], { stdio: ['ignore', 'pipe', 'pipe'] });
   let output = '';
@@ -53,10 +54,10 @@ export async function startServer(bank) {
     const timer = setTimeout(() => reject(new Error(`deltamem serve printed no URL in ${SERVER_START_MS} ms:\n${output}`)), SERVER_START_MS);
     const look = (chunk) => {
       output += chunk;
-      const found = output.match(/http:\/\/127\.0\.0\.1:\d+\/?/);
+      const found = output.match(/127\.0\.0\.1:(\d+)/);
       if (found) {
         clearTimeout(timer);
-        resolve(found[0].endsWith('/') ? found[0] : `${found[0]}/`);
+        resolve(`http://127.0.0.1:${found[1]}/`);
       }
     };
     child.stdout.on('data', look);
