@@ -13,7 +13,8 @@ export function barChart(bars, { width = 360, height = 160, xTitle = '', classNa
   const innerW = width - PAD.left - PAD.right;
   const innerH = height - PAD.top - PAD.bottom;
   const max = Math.max(1, ...bars.map((b) => b.value));
-  const step = innerW / Math.max(1, bars.length);
+  // At most 48 px per bar, so a chart of one or two bars stays readable.
+  const step = Math.min(48, innerW / Math.max(1, bars.length));
   const root = svg('svg', { width, height, viewBox: `0 0 ${width} ${height}`, class: `chart ${className}` });
   root.append(axisLabel(PAD.left - 6, PAD.top + 4, String(max), 'end'));
   root.append(axisLabel(PAD.left - 6, PAD.top + innerH, '0', 'end'));
