@@ -15,7 +15,10 @@ DELTAMEM_REQUIRE_ASSETS=1 cargo test --release --features agent
 # The explorer page in headless Chromium (tests/browser/explorer.test.js):
 # each run builds a bank from the reference ScienceWorld trees, starts
 # `deltamem serve` on a random port of 127.0.0.1 and stops it at the end.
-# Screenshots of every page land in target/browser-artifacts/.
+# The binary is built with the agent feature so that "ask the memory" is
+# also checked against `retrieve` (a server without it fails the test under
+# DELTAMEM_REQUIRE_ASSETS=1). Screenshots of every page land in
+# target/browser-artifacts/.
 step "browser (explorer in headless Chromium)"
-cargo build --release --quiet
-(cd tests/browser && npm test)
+cargo build --release --quiet --features agent
+(cd tests/browser && DELTAMEM_REQUIRE_ASSETS=1 npm test)

@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import { after, before, test } from 'node:test';
 import { launch, ready } from './browser.js';
-import { buildBank, cli, CONSOLIDATED, jsonLines, screenshotPath, startServer } from './harness.js';
+import { AGENT_ENVS, AGENT_TASKS, buildAgentBank, buildBank, cli, CONSOLIDATED, jsonLines, screenshotPath, startServer } from './harness.js';
 
 let bank;
 let server;
@@ -166,4 +166,42 @@ test('an insert made through the API appears without a reload', async () => {
   assert.equal(await page.locator('.tree-canvas .node').count(), before + 1);
   assert.equal(await page.evaluate(() => window.notReloaded), true);
   await page.waitForFunction((n) => document.getElementById('bank-line').dataset.nodeCount === String(n), nodes.length + 1);
+});
+
+// With the agent feature the page asks `retrieve`; it must show what
+// `deltamem retrieve --json` gives for the same task and environment.
+// tools/test.sh sets DELTAMEM_REQUIRE_ASSETS=1: a server without the agent
+// feature is then a failure, not a skip.
+test('ask the memory shows what `deltamem retrieve` returns (feature agent)', async (t) => {
+  const agentBank = buildAgentBank();
+  const agentServer = await startServer(agentBank.bank);
+  try {
+    const info = await (await fetch(`${agentServer.url}v1/bank`)).json();
+    if (!info.agent) {
+      assert.notEqual(process.env.DELTAMEM_REQUIRE_ASSETS, '1', 'the server was built without the agent feature');
+      t.skip('the server was built without the agent feature');
+      return;
+    }
+    const task = `${AGENT_TASKS[0]} quickly`;
+    const env = AGENT_ENVS[0];
+    const expected = JSON.parse(cli(['retrieve', agentBank.bank, '--task', task, '--env', env, '--json']));
+    assert.ok(expected.task && expected.env, 'the fixture must match in both trees');
+    await page.goto('about:blank');
+    await page.goto(`${agentServer.url}#/ask`);
+    await ready(page);
+    await page.fill('#retrieve textarea[name=task]', task);
+    await page.fill('#retrieve textarea[name=env]', env);
+    await page.click('#retrieve button[type=submit]');
+    await page.waitForSelector('#retrieve-answer[data-answered="true"]');
+    assert.equal(await page.locator('#retrieved-context').textContent(), expected.context);
+    for (const tree of ['task', 'env']) {
+      const card = page.locator(`#retrieve-answer [data-tree="${tree}"]`);
+      assert.equal(Number(await card.getAttribute('data-node')), expected[tree].node, `${tree} best node`);
+      assert.deepEqual(JSON.parse(await card.getAttribute('data-chain')), expected[tree].chain, `${tree} chain`);
+    }
+    await page.screenshot({ path: screenshotPath('ask-retrieve') });
+  } finally {
+    await agentServer.stop();
+    fs.rmSync(agentBank.dir, { recursive: true, force: true });
+  }
 });

@@ -13,8 +13,9 @@ export const ARTIFACTS = path.join(REPO, 'target/browser-artifacts');
 const REFERENCE = path.join(REPO, 'tests/fixtures/reference');
 const SERVER_START_MS = 30000;
 
+// Run from the repository root, where the agent looks for ./assets.
 export function cli(args, input) {
-  return execFileSync(DELTAMEM, ['--quiet', ...args], { input, maxBuffer: 1 << 30 }).toString();
+  return execFileSync(DELTAMEM, ['--quiet', ...args], { input, maxBuffer: 1 << 30, cwd: REPO }).toString();
 }
 
 export function jsonLines(text) {
@@ -44,11 +45,35 @@ export function buildBank() {
   return { dir, bank, consolidation: ack };
 }
 
+// A small bank for the agent's `retrieve` (feature `agent`): nodes whose
+// vectors are the MiniLM embeddings of their scenarios (`deltamem embed`),
+// in the default trees `task` and `env`.
+export const AGENT_TASKS = ['boil water on the stove', 'grow a cherry plant from a seed', 'measure the temperature of unknown substance B'];
+export const AGENT_ENVS = ['a kitchen with a stove, a sink and a pot', 'a greenhouse with flower pots and a shovel'];
+export function buildAgentBank() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'deltamem-explorer-agent-'));
+  const bank = path.join(dir, 'bank');
+  const embed = (text) => JSON.parse(cli(['embed', '--text', text])).vector;
+  const first = embed(AGENT_TASKS[0]);
+  cli(['init', bank, '--dim', String(first.length)]);
+  const node = (tree, scenario, attach, procedure) => JSON.stringify({
+    tree, attach, label: 'SUCCESS', scenario, embedding: embed(scenario),
+    payload: { activation_condition: `when the task is to ${scenario}`, execution_procedure: procedure },
+  });
+  const lines = [
+    ...AGENT_TASKS.map((t) => node('task', t, 'root', `steps that worked for: ${t}`)),
+    node('task', `${AGENT_TASKS[0]} quickly`, { parent: 0 }, 'use the large pot and keep the lid on'),
+    ...AGENT_ENVS.map((e) => node('env', e, 'root', `where things are in ${e}`)),
+  ];
+  cli(['insert', bank], `${lines.join('\n')}\n`);
+  return { dir, bank };
+}
+
 // Starts `deltamem serve` and resolves with its base URL once /healthz
 // answers. The server prints the address it listens on (port 0 asks
 // the system for a free one).
 export async function startServer(bank) {
-  const child = spawn(DELTAMEM, ['serve', bank, '--listen', '127.0.0.1:0'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(DELTAMEM, ['serve', bank, '--listen', '127.0.0.1:0'], { stdio: ['ignore', 'pipe', 'pipe'], cwd: REPO });
   let output = '';
   const url = await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`deltamem serve printed no URL in ${SERVER_START_MS} ms:\n${output}`)), SERVER_START_MS);

@@ -59,7 +59,7 @@ function neighbourForm(bank, out) {
 }
 
 function retrieved(found) {
-  const chainCard = (name, m) => h('section.card', {}, h('h3', {}, `${name} tree`),
+  const chainCard = (name, m) => h('section.card', { dataset: { tree: name, node: m ? m.node : '', chain: m ? JSON.stringify(m.chain) : '[]' } }, h('h3', {}, `${name} tree`),
     m ? [h('p', {}, 'best node ', nodeLink(m.node), ` score ${m.score.toFixed(4)}, depth ${m.depth}, ${m.node_type} ${m.label}; chain `,
       m.chain.map((id, j) => [j ? ' → ' : '', nodeLink(id)]))] : h('p.muted', {}, 'nothing at or above the threshold'));
   return [chainCard('task', found.task), chainCard('env', found.env),
@@ -89,7 +89,7 @@ export async function render(container, _args, state) {
   const neighbourOut = h('div#neighbour-answer.answer');
   container.replaceChildren(
     h('h2', {}, 'Ask the memory'),
-    bank.agent ? [retrieveForm(retrieveOut), retrieveOut]
+    bank.agent ? h('div.retrieve', {}, retrieveForm(retrieveOut), retrieveOut)
       : h('p.muted', {}, 'This server was built without the agent feature: task and environment retrieval is off. Neighbour search works on stored vectors.'),
     neighbourForm(bank, neighbourOut), neighbourOut);
   return {};
