@@ -158,7 +158,9 @@ test('an insert made through the API appears without a reload', async () => {
   await page.evaluate(() => { window.notReloaded = true; });
   const before = await page.locator('.tree-canvas .node').count();
   const embedding = Array.from({ length: 768 }, (_, i) => (i === 7 ? 1 : 0));
-  const insert = { tree: 'task', attach: 'root', label: 'SUCCESS', scenario: 'inserted while the page is open', payload: { execution_procedure: 'appear live' }, embedding, id: 'live-insert' };
+  // Under a leaf (no toggle drawn yet), so the page must open its parent.
+  const leaf = inTree('task').find((n) => n.depth === 2 && !nodes.some((k) => k.parent === n.id));
+  const insert = { tree: 'task', attach: { parent: leaf.id }, label: 'SUCCESS', scenario: 'inserted while the page is open', payload: { execution_procedure: 'appear live' }, embedding, id: 'live-insert' };
   const response = await fetch(`${server.url}v1/nodes`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(insert) });
   assert.equal(response.status, 200, await response.clone().text());
   const ack = await response.json();

@@ -297,6 +297,11 @@ export async function render(container, args, state) {
   return {
     async refresh() {
       const fresh = index(await treeSummaries(name));
+      // A new child of a drawn leaf is shown at once: its parent opens.
+      for (const n of fresh.byId.values()) {
+        const parent = model.byId.get(n.parent);
+        if (!model.byId.has(n.id) && parent && parent.kids.length === 0) drawing.open.add(parent.id);
+      }
       drawing.setModel(fresh, true);
       const transform = zoomTransform(drawing.svg.node());
       drawing.draw();
