@@ -5,15 +5,20 @@
 //! [`format`] (pure byte layouts), [`storage`] (files, mmap, WAL, lock),
 //! [`tree`] (the residual-tree rules, pure), [`bank`] (the API), then
 //! [`interop`] (reference JSON, .npy) and `agent` (feature `agent`), which
-//! use the bank API only.
+//! use the bank API only, and [`api`], the JSON requests and replies the
+//! faces (CLI, server, Python binding) share.
 
 #[cfg(feature = "agent")]
 pub mod agent;
+pub mod api;
 pub mod bank;
 pub mod format;
 pub mod interop;
 pub mod storage;
 pub mod tree;
+
+#[cfg(feature = "server")]
+pub mod server;
 
 pub use bank::{
     Attach, Bank, BankConfig, BankError, Change, ChangeAck, CompactReport, ConsolidateAck, FreezeReport, HitAck,

@@ -160,6 +160,13 @@ enum Command {
     /// Record a finished episode: extract with the LLM, place the nodes,
     /// count hits, consolidate (feature `agent`).
     Record(cli::agent::RecordArgs),
+    /// Serve the bank over HTTP/JSON and MCP to many clients (docs/SERVER.md).
+    #[cfg(feature = "server")]
+    Serve(cli::serve::ServeArgs),
+    /// Serve the bank's MCP tools over stdin/stdout; many of these can
+    /// share one bank (docs/SERVER.md).
+    #[cfg(feature = "server")]
+    Mcp(cli::serve::McpArgs),
     /// Walk through the agent loop on a scripted run with a toy embedder.
     Demo {
         /// Where to create the demo bank (default: a temporary directory).
@@ -235,6 +242,10 @@ fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Retrieve(args) => cli::agent::retrieve(&args),
         Command::Record(args) => cli::agent::record(&args),
         Command::Demo { dir, keep } => cli::demo::run(dir.as_deref(), keep, quiet),
+        #[cfg(feature = "server")]
+        Command::Serve(args) => cli::serve::serve(args, quiet),
+        #[cfg(feature = "server")]
+        Command::Mcp(args) => cli::serve::mcp(args),
     }
 }
 

@@ -8,6 +8,8 @@ use super::{Bank, BankError, SyncPolicy};
 use crate::format::payload::check_record;
 use crate::format::row::{NodeType, Row};
 use crate::format::wal::{MAX_RECORD_BODY_BYTES, WalOp, encode_ops};
+use crate::storage::StorageError;
+use crate::storage::wal::DetachedSync;
 
 impl Bank {
     /// Validates and applies every op of a transaction, or none of them.
@@ -197,6 +199,28 @@ impl Bank {
             writer.poisoned = Some(e.to_string());
             return Err(e.into());
         }
+        writer.last_sync = Instant::now();
+        Ok(())
+    }
+
+    /// Starts a sync that runs without the bank (`DetachedSync::run`), so a
+    /// server can apply writes under a short exclusive lock and fsync
+    /// outside it while queries go on. None if nothing is unsynced. The
+    /// writes it covers are durable only after `finish_sync` returns Ok.
+    pub fn detach_sync(&self) -> Result<Option<DetachedSync>, BankError> {
+        self.check_writable()?;
+        Ok(self.writer.as_ref().expect("writer").wal.detach_sync())
+    }
+
+    /// Records the outcome of a detached sync. A failure poisons the bank,
+    /// as a failed `sync` does (fsync is never retried).
+    pub fn finish_sync(&mut self, done: &DetachedSync, outcome: Result<(), StorageError>) -> Result<(), BankError> {
+        let writer = self.writer.as_mut().expect("a detached sync comes from a writer");
+        if let Err(e) = outcome {
+            writer.poisoned = Some(e.to_string());
+            return Err(e.into());
+        }
+        writer.wal.complete_sync(done);
         writer.last_sync = Instant::now();
         Ok(())
     }

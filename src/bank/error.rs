@@ -16,6 +16,8 @@ pub enum BankError {
     AlreadyExists { path: String },
     #[error("invalid configuration: {0}")]
     BadConfig(String),
+    #[error("bad query option: {0}")]
+    BadQueryOption(String),
     #[error("embedding has {found} dimensions, the bank stores {expected}")]
     DimensionMismatch { expected: u32, found: usize },
     #[error("bad embedding: {0}")]

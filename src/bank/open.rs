@@ -75,15 +75,15 @@ impl BankConfig {
                     t.name
                 ));
             }
-            if !(t.tau.is_finite() && (-1.0..=1.0).contains(&t.tau)) {
-                return bad(format!("tree {:?}: tau {} outside -1..=1", t.name, t.tau));
+            if let Err(m) = check_tau(t.tau) {
+                return bad(format!("tree {:?}: {m}", t.name));
             }
             if self.trees[..i].iter().any(|o| o.name == t.name) {
                 return bad(format!("tree {:?} given twice", t.name));
             }
         }
-        if !(self.eps.is_finite() && self.eps >= 0.0) {
-            return bad(format!("--eps {} must be finite and >= 0", self.eps));
+        if let Err(m) = check_eps(self.eps) {
+            return bad(format!("--{m}"));
         }
         if self.max_depth == 0 {
             return bad("--max-depth must be at least 1".into());
@@ -98,6 +98,22 @@ impl BankConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// The range of a similarity threshold, for `init` and every query.
+pub fn check_tau(tau: f32) -> Result<(), String> {
+    match tau.is_finite() && (-1.0..=1.0).contains(&tau) {
+        true => Ok(()),
+        false => Err(format!("tau {tau} outside -1..=1")),
+    }
+}
+
+/// The range of the failure penalty, for `init` and every query.
+pub fn check_eps(eps: f32) -> Result<(), String> {
+    match eps.is_finite() && eps >= 0.0 {
+        true => Ok(()),
+        false => Err(format!("eps {eps} must be finite and >= 0")),
     }
 }
 

@@ -8,10 +8,11 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::ArgGroup;
 use deltamem::Bank;
+use deltamem::api::InsertReply;
 use deltamem::bank::InsertAck;
 use deltamem::interop::reference::{self, ImportOptions};
 
-use super::insert::{SyncArg, ack_json};
+use super::insert::SyncArg;
 use super::progress::Progress;
 use super::{Status, write_json_line};
 
@@ -96,7 +97,7 @@ fn run_reference(args: &ImportArgs, file: &Path, quiet: bool) -> anyhow::Result<
                 matched: None,
                 lsn: 0,
             };
-            acks.push(ack_json(ack, row.external_id_text()));
+            acks.push(InsertReply::new(ack, row.external_id_text()));
         }
         Ok((report, acks))
     })?;

@@ -23,6 +23,7 @@ use std::io::{BufReader, Write};
 use std::path::Path;
 
 use anyhow::Context;
+use deltamem::api::InsertReply;
 use deltamem::interop::npy::{NpyRowReader, row_problem};
 use deltamem::{Attach, Bank, BankError, Change, ChangeAck, Label, NewNode, Payload, SyncPolicy};
 use serde::Serialize;
@@ -30,7 +31,6 @@ use serde_json::Value;
 
 use super::import::{ImportArgs, with_writer};
 use super::input::{self, LineReader};
-use super::insert::{AckOut, ack_json};
 use super::progress::Progress;
 use super::{Status, is_input_error, write_json_line};
 
@@ -235,7 +235,7 @@ struct RejectedOut {
 #[derive(Serialize)]
 #[serde(untagged)]
 enum LineOut {
-    Ack(AckOut),
+    Ack(InsertReply),
     Rejected(RejectedOut),
 }
 
@@ -304,7 +304,7 @@ impl<W: Write> Session<W> {
                     };
                     self.stored += 1;
                     self.pending
-                        .push_back((ack.lsn, LineOut::Ack(ack_json(ack, node.external_id))));
+                        .push_back((ack.lsn, LineOut::Ack(InsertReply::new(ack, node.external_id))));
                 }
                 Ok(())
             }

@@ -144,22 +144,6 @@ pub fn string<'a>(obj: &'a Map<String, Value>, name: &str) -> Result<&'a str, St
     }
 }
 
-/// The `embedding` field: an array of numbers, narrowed to f32.
-pub fn embedding(obj: &Map<String, Value>) -> Result<Vec<f32>, String> {
-    let Value::Array(items) = required(obj, "embedding")? else {
-        return Err("\"embedding\" must be an array of numbers".into());
-    };
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, v)| {
-            v.as_f64()
-                .map(|x| x as f32)
-                .ok_or_else(|| format!("embedding[{i}] is {}, not a number", kind(v)))
-        })
-        .collect()
-}
-
 /// A node named in JSON: an integer index or an external id string.
 pub fn node_ref(v: &Value, what: &str) -> Result<NodeRef, String> {
     match v {
@@ -187,29 +171,6 @@ pub fn string_map(v: &Value, what: &str) -> Result<BTreeMap<String, String>, Str
             other => Err(format!("{what} field \"{k}\" must be a string, got {}", kind(other))),
         })
         .collect()
-}
-
-/// An optional non-negative integer field.
-pub fn optional_count(obj: &Map<String, Value>, name: &str) -> Result<Option<usize>, String> {
-    match obj.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .and_then(|n| usize::try_from(n).ok())
-            .map(Some)
-            .ok_or_else(|| format!("\"{name}\" must be a non-negative integer")),
-    }
-}
-
-/// An optional number field, narrowed to f32.
-pub fn optional_number(obj: &Map<String, Value>, name: &str) -> Result<Option<f32>, String> {
-    match obj.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_f64()
-            .map(|x| Some(x as f32))
-            .ok_or_else(|| format!("\"{name}\" must be a number, got {}", kind(v))),
-    }
 }
 
 #[cfg(test)]

@@ -12,10 +12,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
 use anyhow::Context;
-use deltamem::bank::InsertAck;
-use deltamem::{Attach, Bank, Label, NewNode, Payload, SyncPolicy};
-use serde::Serialize;
-use serde_json::{Map, Value};
+use deltamem::api::{self, InsertReply, InsertRequest};
+use deltamem::{Bank, NewNode, SyncPolicy};
 
 use super::input::{self, Event};
 use super::{Status, is_input_error, write_json_line};
@@ -43,76 +41,11 @@ impl SyncArg {
     }
 }
 
-#[derive(Serialize)]
-pub struct MatchOut {
-    id: u32,
-    score: f32,
-}
-
-/// The acknowledgement line of a stored node (shared with `import`).
-#[derive(Serialize)]
-pub struct AckOut {
-    id: u32,
-    tree: String,
-    #[serde(rename = "type")]
-    node_type: &'static str,
-    parent: Option<u32>,
-    depth: u8,
-    #[serde(rename = "match")]
-    matched: Option<MatchOut>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    external_id: Option<String>,
-}
-
-/// Turns one input object into a node, or says what is wrong with it.
-fn parse_node(obj: &Map<String, Value>) -> Result<NewNode, String> {
-    let tree = input::string(obj, "tree")?.to_string();
-    let attach = match input::required(obj, "attach")? {
-        Value::String(s) if s == "auto" => Attach::Auto,
-        Value::String(s) if s == "root" => Attach::Root,
-        Value::Object(o) if o.len() == 1 && o.contains_key("parent") => {
-            Attach::Parent(input::node_ref(&o["parent"], "parent")?)
-        }
-        _ => return Err(r#""attach" must be "auto", "root" or {"parent": ID}"#.into()),
-    };
-    let label_text = input::string(obj, "label")?;
-    let label = Label::parse(label_text)
-        .ok_or_else(|| format!("\"label\" must be \"SUCCESS\" or \"FAILURE\", not {label_text:?}"))?;
-    let scenario = input::string(obj, "scenario")?.to_string();
-    let fields = input::string_map(input::required(obj, "payload")?, "payload")?;
-    let embedding = input::embedding(obj)?;
-    let external_id = match obj.get("id") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err("\"id\" (the external id) must be a string".into()),
-    };
-    Ok(NewNode {
-        tree,
-        attach,
-        label,
-        payload: Payload { scenario, fields },
-        embedding,
-        external_id,
-    })
-}
-
-pub fn ack_json(ack: InsertAck, external_id: Option<String>) -> AckOut {
-    AckOut {
-        id: ack.id,
-        tree: ack.tree,
-        node_type: ack.node_type.as_str(),
-        parent: ack.parent,
-        depth: ack.depth,
-        matched: ack.matched.map(|(id, score)| MatchOut { id, score }),
-        external_id,
-    }
-}
-
 /// The insert loop's state: acks waiting for durability, and counts.
 struct Session<W: Write> {
     out: W,
     policy: SyncPolicy,
-    pending: VecDeque<(u64, AckOut)>,
+    pending: VecDeque<(u64, InsertReply)>,
     stored: u64,
     rejected: u64,
 }
@@ -152,10 +85,10 @@ impl<W: Write> Session<W> {
         if text.trim().is_empty() {
             return Ok(());
         }
-        let node = match input::parse_object(text).and_then(|obj| parse_node(&obj)) {
-            Ok(node) => node,
+        let node: NewNode = match api::parse_object::<InsertRequest>(text) {
+            Ok(request) => request.into(),
             Err(problem) => {
-                self.reject(number, &problem);
+                self.reject(number, &problem.to_string());
                 return Ok(());
             }
         };
@@ -163,7 +96,7 @@ impl<W: Write> Session<W> {
         match bank.insert(node) {
             Ok(ack) => {
                 self.stored += 1;
-                self.pending.push_back((ack.lsn, ack_json(ack, external_id)));
+                self.pending.push_back((ack.lsn, InsertReply::new(ack, external_id)));
                 Ok(())
             }
             Err(e) if is_input_error(&e) => {

@@ -19,6 +19,8 @@ pub mod progress;
 pub mod query;
 pub mod query_npy;
 pub mod report;
+#[cfg(feature = "server")]
+pub mod serve;
 pub mod update;
 
 use std::io::{self, Write};
@@ -110,6 +112,7 @@ pub fn is_input_error(e: &BankError) -> bool {
             | BankError::BadExternalId { .. }
             | BankError::DuplicateExternalId { .. }
             | BankError::BadConfig(_)
+            | BankError::BadQueryOption(_)
     )
 }
 

@@ -10,13 +10,13 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use deltamem::api::QueryReply;
 use deltamem::bank::kernels::MAX_BLOCK;
 use deltamem::interop::npy::{NpyRowReader, row_problem};
 use deltamem::{Bank, BankError, Match, QueryOptions};
 use serde::Serialize;
 
 use super::progress::Progress;
-use super::query::{QueryOut, match_out};
 use super::{Status, write_json_line};
 
 /// Rows per thread per block: enough to amortise the thread start-up,
@@ -87,18 +87,12 @@ struct RowError {
 #[derive(Serialize)]
 #[serde(untagged)]
 enum Answer {
-    Found(QueryOut),
+    Found(QueryReply),
     Failed(RowError),
 }
 
 fn answer(bank: &Bank, row: u64, found: Result<Vec<Match>, BankError>) -> Answer {
-    let out = found.and_then(|matches| {
-        let matches = matches
-            .into_iter()
-            .map(|m| match_out(bank, m))
-            .collect::<Result<_, _>>()?;
-        Ok(QueryOut { matches })
-    });
+    let out = found.and_then(|matches| QueryReply::new(bank, matches));
     match out {
         Ok(out) => Answer::Found(out),
         Err(e) => Answer::Failed(RowError {

@@ -5,22 +5,10 @@ use std::path::Path;
 
 use anyhow::Context;
 use deltamem::Bank;
+use deltamem::api::{self, ConsolidateReply, Fields, HitReply};
 use serde::Serialize;
 
-use super::{NodeArg, Status, input, write_json_line};
-
-#[derive(Serialize)]
-struct HitOut {
-    id: u32,
-    success_hits: u32,
-    due: bool,
-}
-
-#[derive(Serialize)]
-struct ConsolidateOut {
-    source: u32,
-    new_root: u32,
-}
+use super::{NodeArg, Status, write_json_line};
 
 /// Opens the writer, runs `change`, and closes the bank whatever
 /// happened, so a refused change still releases the lock cleanly.
@@ -46,26 +34,19 @@ pub fn hit(path: &Path, id: &NodeArg) -> anyhow::Result<Status> {
         bank.success_hit(index)
             .with_context(|| format!("cannot record a success hit on node {index}"))
     })?;
-    print(&HitOut {
-        id: ack.id,
-        success_hits: ack.success_hits,
-        due: ack.due,
-    })
+    print(&HitReply::from(ack))
 }
 
 pub fn consolidate(path: &Path, id: &NodeArg, payload_json: &str) -> anyhow::Result<Status> {
     // The payload is checked before the bank is opened: a typo in it
     // should not cost a checkpoint.
-    let value: serde_json::Value =
-        serde_json::from_str(payload_json).map_err(|e| anyhow::anyhow!("--payload is not valid JSON: {e}"))?;
-    let fields = input::string_map(&value, "--payload").map_err(anyhow::Error::msg)?;
+    let fields = api::parse_object::<Fields>(payload_json)
+        .map_err(|e| anyhow::anyhow!("--payload: {e}"))?
+        .0;
     let ack = with_writer(path, |bank| {
         let index = super::resolve(bank, id, path)?;
         bank.consolidate(index, fields)
             .with_context(|| format!("cannot consolidate node {index}"))
     })?;
-    print(&ConsolidateOut {
-        source: ack.source,
-        new_root: ack.new_root,
-    })
+    print(&ConsolidateReply::from(ack))
 }

@@ -186,6 +186,29 @@ impl WalWriter {
         Ok(lsn)
     }
 
+    /// An fsync of everything appended so far, to run without `&mut self`
+    /// (None if nothing is unsynced). `complete_sync` records its success.
+    pub fn detach_sync(&self) -> Option<DetachedSync> {
+        self.has_unsynced().then(|| DetachedSync {
+            file: self.file.clone(),
+            desc: self.desc.clone(),
+            below_lsn: self.next_lsn,
+        })
+    }
+
+    /// Records a detached fsync that succeeded. If this WAL is no longer the
+    /// file it synced (a checkpoint started a new generation meanwhile) it
+    /// changes nothing: the checkpoint made those records durable itself.
+    pub fn complete_sync(&mut self, done: &DetachedSync) {
+        if Arc::ptr_eq(&self.file, &done.file) && done.below_lsn > self.synced_below {
+            assert!(
+                done.below_lsn <= self.next_lsn,
+                "a detached sync cannot cover unwritten records"
+            );
+            self.synced_below = done.below_lsn;
+        }
+    }
+
     /// fdatasync. On error the caller must poison the bank: the kernel may
     /// have dropped the dirty pages, so a retry could falsely succeed.
     pub fn sync(&mut self) -> Result<(), StorageError> {
@@ -194,5 +217,27 @@ impl WalWriter {
             .map_err(StorageError::io("fsync", self.desc.clone()))?;
         self.synced_below = self.next_lsn;
         Ok(())
+    }
+}
+
+/// A WAL fsync taken out of the writer, so a server can fsync while
+/// readers use the bank (see `Bank::detach_sync`).
+pub struct DetachedSync {
+    file: Arc<dyn StorageFile>,
+    desc: String,
+    below_lsn: u64,
+}
+
+impl DetachedSync {
+    /// fdatasync of the WAL as it was when detached (and anything later).
+    pub fn run(&self) -> Result<(), StorageError> {
+        self.file
+            .sync_data()
+            .map_err(StorageError::io("fsync", self.desc.clone()))
+    }
+
+    /// Every record below this LSN is durable once `run` succeeds.
+    pub fn below_lsn(&self) -> u64 {
+        self.below_lsn
     }
 }

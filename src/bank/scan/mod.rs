@@ -24,6 +24,7 @@ use std::ops::Range;
 use super::base::{Base, SegmentMaps};
 use super::kernels::{self, Level, MAX_BLOCK, Rows};
 use super::mutate::normalise;
+use super::open::{check_eps, check_tau};
 use super::{Bank, BankError};
 use crate::format::manifest::Precision;
 use crate::format::row::{
@@ -55,6 +56,16 @@ impl Default for QueryOptions {
             eps: None,
             include_consolidated: false,
         }
+    }
+}
+
+impl QueryOptions {
+    /// Checks tau and eps against the ranges `init` enforces (one home:
+    /// `check_tau`, `check_eps`), so a query cannot score outside them.
+    pub fn validate(&self) -> Result<(), BankError> {
+        let bad = BankError::BadQueryOption;
+        self.tau.map_or(Ok(()), check_tau).map_err(bad)?;
+        self.eps.map_or(Ok(()), check_eps).map_err(bad)
     }
 }
 
@@ -295,11 +306,7 @@ impl Bank {
         for e in embeddings {
             queries.push(normalise(e, self.manifest.dim_count)?);
         }
-        for (name, value) in [("tau", options.tau), ("eps", options.eps)] {
-            if value.is_some_and(|v| !v.is_finite()) {
-                return Err(BankError::BadConfig(format!("{name} must be finite")));
-            }
-        }
+        options.validate()?;
         let refs: Vec<&[f32]> = queries.iter().map(|q| q.as_slice()).collect();
         let mut out = Vec::with_capacity(queries.len());
         for ranked in self.scan_block(tree, &refs, options)? {

@@ -1,0 +1,167 @@
+//! Field types shared by several requests and replies: node references,
+//! attach modes, labels, node types and string maps that refuse a key
+//! given twice.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::de::{self, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::bank::{Attach, NodeRef};
+use crate::format::row::{Label, NodeType};
+
+/// A node named in JSON: an integer is its index, a string its external
+/// id (external ids made only of digits are refused when written, so the
+/// two never look alike on a command line or in a URL path).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(untagged)]
+pub enum NodeRefJson {
+    Index(u32),
+    External(String),
+}
+
+impl From<NodeRefJson> for NodeRef {
+    fn from(r: NodeRefJson) -> NodeRef {
+        match r {
+            NodeRefJson::Index(i) => NodeRef::Index(i),
+            NodeRefJson::External(s) => NodeRef::External(s),
+        }
+    }
+}
+
+impl From<NodeRef> for NodeRefJson {
+    fn from(r: NodeRef) -> NodeRefJson {
+        match r {
+            NodeRef::Index(i) => NodeRefJson::Index(i),
+            NodeRef::External(s) => NodeRefJson::External(s),
+        }
+    }
+}
+
+/// By hand rather than `untagged`: its error would not say what a node
+/// reference is.
+impl<'de> Deserialize<'de> for NodeRefJson {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<NodeRefJson, D::Error> {
+        struct RefVisitor;
+        impl Visitor<'_> for RefVisitor {
+            type Value = NodeRefJson;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a node index (integer) or an external id (string)")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<NodeRefJson, E> {
+                u32::try_from(v)
+                    .map(NodeRefJson::Index)
+                    .map_err(|_| E::custom(format!("{v} is not a valid node index")))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<NodeRefJson, E> {
+                match u64::try_from(v) {
+                    Ok(u) => self.visit_u64(u),
+                    Err(_) => Err(E::custom(format!("{v} is not a valid node index"))),
+                }
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<NodeRefJson, E> {
+                Ok(NodeRefJson::External(v.to_string()))
+            }
+        }
+        d.deserialize_any(RefVisitor)
+    }
+}
+
+/// Where an inserted node goes: `"auto"`, `"root"` or `{"parent": ID}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum AttachJson {
+    Auto,
+    Root,
+    Parent(NodeRefJson),
+}
+
+impl From<AttachJson> for Attach {
+    fn from(a: AttachJson) -> Attach {
+        match a {
+            AttachJson::Auto => Attach::Auto,
+            AttachJson::Root => Attach::Root,
+            AttachJson::Parent(r) => Attach::Parent(r.into()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub enum LabelJson {
+    #[serde(rename = "SUCCESS")]
+    Success,
+    #[serde(rename = "FAILURE")]
+    Failure,
+}
+
+impl From<LabelJson> for Label {
+    fn from(l: LabelJson) -> Label {
+        match l {
+            LabelJson::Success => Label::Success,
+            LabelJson::Failure => Label::Failure,
+        }
+    }
+}
+
+impl From<Label> for LabelJson {
+    fn from(l: Label) -> LabelJson {
+        match l {
+            Label::Success => LabelJson::Success,
+            Label::Failure => LabelJson::Failure,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub enum NodeTypeJson {
+    #[serde(rename = "ROOT")]
+    Root,
+    #[serde(rename = "RESIDUAL")]
+    Residual,
+}
+
+impl From<NodeType> for NodeTypeJson {
+    fn from(t: NodeType) -> NodeTypeJson {
+        match t {
+            NodeType::Root => NodeTypeJson::Root,
+            NodeType::Residual => NodeTypeJson::Residual,
+        }
+    }
+}
+
+/// A JSON object of string values (a payload's fields). Unlike a plain
+/// map it refuses a key given twice instead of keeping the last value.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(transparent)]
+pub struct Fields(pub BTreeMap<String, String>);
+
+impl<'de> Deserialize<'de> for Fields {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Fields, D::Error> {
+        struct FieldsVisitor;
+        impl<'de> Visitor<'de> for FieldsVisitor {
+            type Value = Fields;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object of string values")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields, A::Error> {
+                let mut out = BTreeMap::new();
+                // Bounded by the input: each step consumes one entry.
+                while let Some(key) = map.next_key::<String>()? {
+                    let value: String = map.next_value()?;
+                    if out.contains_key(&key) {
+                        return Err(de::Error::custom(format!("duplicate key \"{key}\"")));
+                    }
+                    out.insert(key, value);
+                }
+                Ok(Fields(out))
+            }
+        }
+        d.deserialize_map(FieldsVisitor)
+    }
+}

@@ -1,0 +1,125 @@
+use super::*;
+use crate::bank::{Attach, NewNode, NodeRef};
+use crate::format::row::Label;
+
+const GOOD: &str = r#"{"tree":"task","attach":{"parent":"abc"},"label":"FAILURE","scenario":"s","payload":{"k":"v"},"embedding":[1,0.5],"id":"x1"}"#;
+
+fn refused<T: serde::de::DeserializeOwned + std::fmt::Debug>(text: &str) -> String {
+    match parse_object::<T>(text) {
+        Err(ApiError::Request(m)) => m,
+        other => panic!("{text} not refused as a request: {other:?}"),
+    }
+}
+
+#[test]
+fn insert_request_becomes_a_new_node() {
+    let node: NewNode = parse_object::<InsertRequest>(GOOD).unwrap().into();
+    assert_eq!(node.tree, "task");
+    assert_eq!(node.attach, Attach::Parent(NodeRef::External("abc".into())));
+    assert_eq!(node.label, Label::Failure);
+    assert_eq!(node.payload.fields.get("k").map(String::as_str), Some("v"));
+    assert_eq!(node.embedding, vec![1.0, 0.5]);
+    assert_eq!(node.external_id.as_deref(), Some("x1"));
+    let by_index = GOOD.replace(r#"{"parent":"abc"}"#, r#"{"parent":7}"#);
+    let node: NewNode = parse_object::<InsertRequest>(&by_index).unwrap().into();
+    assert_eq!(node.attach, Attach::Parent(NodeRef::Index(7)));
+}
+
+#[test]
+fn unknown_and_duplicate_keys_are_named() {
+    let typo = GOOD.replace(r#""id":"x1""#, r#""ID":"x1""#);
+    assert!(refused::<InsertRequest>(&typo).contains("unknown field `ID`"));
+    let twice = GOOD.replace(r#""label":"FAILURE""#, r#""label":"FAILURE","label":"SUCCESS""#);
+    assert!(refused::<InsertRequest>(&twice).contains("duplicate field `label`"));
+    let payload_twice = GOOD.replace(r#"{"k":"v"}"#, r#"{"k":"v","k":"w"}"#);
+    let m = refused::<InsertRequest>(&payload_twice);
+    assert!(m.contains("duplicate key \"k\"") && m.contains("payload"), "{m}");
+    let query = r#"{"tree":"t","embedding":[1],"tua":0.5}"#;
+    assert!(refused::<QueryRequest>(query).contains("unknown field `tua`"));
+}
+
+#[test]
+fn messages_name_the_value_at_fault() {
+    let m = refused::<InsertRequest>(&GOOD.replace(r#"{"k":"v"}"#, r#"{"k":1}"#));
+    assert!(m.starts_with("\"payload.k\": invalid type: integer `1`"), "{m}");
+    let m = refused::<InsertRequest>(&GOOD.replace("[1,0.5]", r#"[1,"x"]"#));
+    assert!(m.starts_with("\"embedding[1]\""), "{m}");
+    let m = refused::<InsertRequest>(&GOOD.replace("\"FAILURE\"", "\"MAYBE\""));
+    assert!(m.contains("label") && m.contains("SUCCESS"), "{m}");
+    let m = refused::<InsertRequest>(&GOOD.replace(r#"{"parent":"abc"}"#, r#"{"parent":-1}"#));
+    assert!(m.contains("-1 is not a valid node index"), "{m}");
+    let m = refused::<InsertRequest>(r#"{"tree": NaN}"#);
+    assert!(m.contains("column 10") && m.contains("NaN"), "{m}");
+}
+
+#[test]
+fn only_objects_are_requests() {
+    let positional = r#"["task", "root", "SUCCESS", "s", {}, [1]]"#;
+    assert_eq!(
+        refused::<InsertRequest>(positional),
+        "expected a JSON object, got an array"
+    );
+    assert_eq!(refused::<QueryRequest>(" 12"), "expected a JSON object, got a number");
+    let m = refused::<InsertRequest>(&format!("{GOOD} {{}}"));
+    assert!(m.contains("trailing characters"), "{m}");
+}
+
+#[test]
+fn query_options_follow_init_ranges() {
+    let defaults = QueryDefaults {
+        k: 3,
+        include_consolidated: true,
+    };
+    let ok: QueryRequest = parse_object(r#"{"tree":"t","embedding":[1],"tau":-1,"eps":0}"#).unwrap();
+    let (tree, query) = ok.into_parts();
+    let options = query.options(defaults).unwrap();
+    assert_eq!(tree, "t");
+    assert_eq!((options.k, options.include_consolidated), (3, true));
+    for (text, words) in [
+        (r#""tau":1.5"#, "tau 1.5 outside -1..=1"),
+        (r#""tau":1e39"#, "tau inf outside -1..=1"),
+        (r#""eps":-0.1"#, "eps -0.1 must be finite and >= 0"),
+    ] {
+        let req: QueryRequest = parse_object(&format!(r#"{{"tree":"t","embedding":[1],{text}}}"#)).unwrap();
+        let e = req.into_parts().1.options(defaults).unwrap_err().to_string();
+        assert!(e.contains(words), "{text}: {e}");
+    }
+}
+
+#[test]
+fn replies_serialise_as_the_cli_always_printed() {
+    let reply = InsertReply {
+        id: 4,
+        tree: "task".into(),
+        node_type: NodeTypeJson::Residual,
+        parent: Some(1),
+        depth: 2,
+        matched: Some(MatchedAt { id: 1, score: 0.5 }),
+        external_id: None,
+    };
+    let text = serde_json::to_string(&reply).unwrap();
+    assert_eq!(
+        text,
+        r#"{"id":4,"tree":"task","type":"RESIDUAL","parent":1,"depth":2,"match":{"id":1,"score":0.5}}"#
+    );
+    assert_eq!(serde_json::from_str::<InsertReply>(&text).unwrap(), reply);
+    let error = LineError {
+        line: 3,
+        error: "x".into(),
+    };
+    assert_eq!(serde_json::to_string(&error).unwrap(), r#"{"line":3,"error":"x"}"#);
+}
+
+#[cfg(feature = "schema")]
+#[test]
+fn schemas_describe_the_strict_requests() {
+    let schema = serde_json::to_value(schemars::schema_for!(InsertRequest)).unwrap();
+    assert_eq!(schema["additionalProperties"], false, "{schema}");
+    let required = schema["required"].as_array().unwrap();
+    for key in ["tree", "attach", "label", "scenario", "payload", "embedding"] {
+        assert!(required.contains(&key.into()), "{key} not required: {schema}");
+    }
+    assert!(!required.contains(&"id".into()));
+    let query = serde_json::to_value(schemars::schema_for!(TreeQuery)).unwrap();
+    assert!(query["properties"].get("tree").is_none() && query["properties"].get("tau").is_some());
+}

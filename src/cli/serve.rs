@@ -1,0 +1,101 @@
+//! `deltamem serve` and `deltamem mcp` (feature `server`, docs/SERVER.md).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use super::Status;
+use super::insert::SyncArg;
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    bank: PathBuf,
+    /// Address to listen on; anything but loopback needs a token.
+    #[arg(long, default_value = "127.0.0.1:7878")]
+    listen: SocketAddr,
+    /// File holding the bearer token (else $DELTAMEM_TOKEN, if set).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Runtime worker threads, and threads one scan may use.
+    #[arg(long, default_value_t = default_threads())]
+    threads: usize,
+    /// When a write is acknowledged: after its group's fsync (always,
+    /// batch) or at once (none).
+    #[arg(long, value_enum, default_value_t = SyncArg::Always)]
+    sync: SyncArg,
+    /// Serve reads only (takes no writer lock).
+    #[arg(long)]
+    read_only: bool,
+    /// Largest request body, in bytes.
+    #[arg(long, default_value_t = 16 * 1024 * 1024)]
+    max_body_bytes: usize,
+    /// Most items in one batch request.
+    #[arg(long, default_value_t = 1024)]
+    max_batch: usize,
+    /// Longest time to receive a body or answer a read, in ms.
+    #[arg(long, default_value_t = 30_000)]
+    request_timeout_ms: u64,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct McpArgs {
+    bank: PathBuf,
+    /// Longest wait for another process's write to release the bank's
+    /// writer lock, in ms.
+    #[arg(long, default_value_t = 10_000)]
+    lock_wait_ms: u64,
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
+/// The token from the file (trimmed), else from $DELTAMEM_TOKEN.
+fn read_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
+    let token = match file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the token file {}", path.display()))?
+                .trim()
+                .to_string(),
+        ),
+        None => std::env::var("DELTAMEM_TOKEN").ok().map(|t| t.trim().to_string()),
+    };
+    match token {
+        Some(t) if t.len() < 16 => bail!("the bearer token must be at least 16 characters"),
+        other => Ok(other),
+    }
+}
+
+pub fn serve(args: ServeArgs, quiet: bool) -> anyhow::Result<Status> {
+    let config = deltamem::server::ServeConfig {
+        token: read_token(args.token_file.as_deref())?,
+        bank: args.bank.clone(),
+        listen: args.listen,
+        threads: args.threads.max(1),
+        sync: args.sync.policy(),
+        read_only: args.read_only,
+        limits: deltamem::server::Limits {
+            body_bytes: args.max_body_bytes,
+            batch_items: args.max_batch,
+            request_ms: args.request_timeout_ms,
+            ..Default::default()
+        },
+    };
+    deltamem::server::serve(config, |addr| {
+        if !quiet {
+            // Scripts (and the tests) read the port from this line.
+            eprintln!("deltamem: serving {} on http://{addr}", args.bank.display());
+        }
+    })
+    .with_context(|| format!("serving {}", args.bank.display()))?;
+    Ok(Status::Ok)
+}
+
+pub fn mcp(args: McpArgs) -> anyhow::Result<Status> {
+    deltamem::server::mcp::serve_stdio(&args.bank, Duration::from_millis(args.lock_wait_ms))
+        .with_context(|| format!("MCP server on {}", args.bank.display()))?;
+    Ok(Status::Ok)
+}

@@ -1,0 +1,296 @@
+//! Listing and browsing routes (the explorer's), the change stream and
+//! the embedded explorer page.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::Stream;
+use include_dir::{Dir, include_dir};
+use serde::Deserialize;
+
+use super::body::{DueOut, NodeList, NodeOut, NodePage, NodeSummary};
+use super::error::{ApiError, ApiResult};
+use super::http::AppState;
+use super::routes::{node_ref, query_params, resolve, tree_name};
+use crate::bank::{Bank, NodeRef};
+
+use axum::Json;
+
+/// The explorer page, embedded at build time.
+static EXPLORER: Dir<'_> = include_dir!("$CARGO_MANIFEST_DIR/src/server/explorer");
+
+/// Nodes a dump sends per chunk of the stream.
+const DUMP_CHUNK_NODES: u32 = 512;
+/// Default number of search hits.
+const SEARCH_DEFAULT_LIMIT: usize = 20;
+
+fn bank_error(field: &'static str) -> impl Fn(crate::BankError) -> ApiError {
+    move |e| ApiError::from_bank(e, field)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PageParams {
+    #[serde(default)]
+    offset: u32,
+    #[serde(default)]
+    limit: Option<u32>,
+}
+
+pub async fn tree_nodes(
+    State(state): State<AppState>,
+    tree: Result<Path<String>, PathRejection>,
+    params: Result<Query<PageParams>, QueryRejection>,
+) -> ApiResult<Json<NodePage>> {
+    let tree = tree_name(tree)?;
+    let params = query_params(params)?;
+    let max = state.limits.page_items as u32;
+    let limit = params.limit.unwrap_or(100);
+    if limit > max {
+        return Err(ApiError::bad_field("limit", format!("limit {limit} is above {max}")));
+    }
+    state
+        .blocking(move |core| {
+            let bank = core.read()?;
+            let wanted = bank.tree_index(&tree).map_err(bank_error("tree"))?;
+            let (mut total, mut nodes) = (0u32, Vec::new());
+            for index in 0..bank.node_count() {
+                if bank.row(index).map_err(bank_error("tree"))?.tree != wanted {
+                    continue;
+                }
+                if total >= params.offset && nodes.len() < limit as usize {
+                    nodes.push(NodeSummary::new(&bank, index).map_err(bank_error("tree"))?);
+                }
+                total += 1;
+            }
+            Ok(Json(NodePage { total, nodes }))
+        })
+        .await
+}
+
+/// The tree's nodes as JSON Lines, streamed a chunk at a time (the bank
+/// is read-locked per chunk, never across a slow client).
+pub async fn dump(State(state): State<AppState>, tree: Result<Path<String>, PathRejection>) -> ApiResult<Response> {
+    let tree = tree_name(tree)?;
+    let (wanted, count) = {
+        let bank = state.core.read()?;
+        (bank.tree_index(&tree).map_err(bank_error("tree"))?, bank.node_count())
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(2);
+    let core = state.core.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut start = 0;
+        while start < count {
+            let end = (start + DUMP_CHUNK_NODES).min(count);
+            let chunk = core
+                .read()
+                .map_err(|e| e.message)
+                .and_then(|bank| dump_chunk(&bank, wanted, start..end).map_err(|e| e.to_string()));
+            let failed = chunk.is_err();
+            if tx.blocking_send(chunk.map_err(std::io::Error::other)).is_err() || failed {
+                return;
+            }
+            start = end;
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+fn dump_chunk(bank: &Bank, tree: u16, range: std::ops::Range<u32>) -> Result<Vec<u8>, crate::BankError> {
+    let mut out = Vec::new();
+    for index in range {
+        if bank.row(index)?.tree == tree {
+            let line = NodeOut::new(bank, index)?;
+            serde_json::to_writer(&mut out, &line).expect("a node serialises");
+            out.push(b'\n');
+        }
+    }
+    Ok(out)
+}
+
+/// Indexes of a node's children (a scan of the rows).
+pub fn children_of(bank: &Bank, index: u32) -> ApiResult<Vec<u32>> {
+    let mut children = Vec::new();
+    for i in index + 1..bank.node_count() {
+        if bank.row(i).map_err(bank_error("id"))?.parent() == Some(index) {
+            children.push(i);
+        }
+    }
+    Ok(children)
+}
+
+pub async fn children(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> ApiResult<Json<super::body::ChildrenOut>> {
+    let node = node_ref(id)?;
+    state
+        .blocking(move |core| {
+            let bank = core.read()?;
+            let index = resolve(&bank, &node)?;
+            let children = children_of(&bank, index)?
+                .into_iter()
+                .map(|i| NodeSummary::new(&bank, i))
+                .collect::<Result<_, _>>()
+                .map_err(bank_error("id"))?;
+            Ok(Json(super::body::ChildrenOut { children }))
+        })
+        .await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchParams {
+    #[serde(default)]
+    tree: Option<String>,
+    q: String,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// Finds nodes by index, external id, or text in the scenario or payload.
+pub async fn search(
+    State(state): State<AppState>,
+    params: Result<Query<SearchParams>, QueryRejection>,
+) -> ApiResult<Json<NodeList>> {
+    let params = query_params(params)?;
+    let limit = params.limit.unwrap_or(SEARCH_DEFAULT_LIMIT);
+    if limit == 0 || limit > state.limits.page_items {
+        return Err(ApiError::bad_field(
+            "limit",
+            format!("limit must be in 1..={}", state.limits.page_items),
+        ));
+    }
+    state
+        .blocking(move |core| {
+            let bank = core.read()?;
+            let tree = params
+                .tree
+                .as_deref()
+                .map(|t| bank.tree_index(t))
+                .transpose()
+                .map_err(bank_error("tree"))?;
+            let in_tree = |index: u32| tree.is_none_or(|t| bank.row(index).is_ok_and(|r| r.tree == t));
+            let mut found: Vec<u32> = exact_match(&bank, &params.q)
+                .into_iter()
+                .filter(|&i| in_tree(i))
+                .collect();
+            let needle = params.q.to_lowercase();
+            for index in 0..bank.node_count() {
+                if found.len() >= limit || needle.is_empty() {
+                    break;
+                }
+                if !in_tree(index) || found.contains(&index) {
+                    continue;
+                }
+                let payload = bank.payload(index).map_err(bank_error("q"))?;
+                if payload.scenario.to_lowercase().contains(&needle)
+                    || payload.fields.values().any(|v| v.to_lowercase().contains(&needle))
+                {
+                    found.push(index);
+                }
+            }
+            found.truncate(limit);
+            let nodes = found
+                .into_iter()
+                .map(|i| NodeSummary::new(&bank, i))
+                .collect::<Result<_, _>>()
+                .map_err(bank_error("q"))?;
+            Ok(Json(NodeList { nodes }))
+        })
+        .await
+}
+
+/// The node `q` names as an index or an external id, if any.
+fn exact_match(bank: &Bank, q: &str) -> Vec<u32> {
+    let by_index = q.parse::<u32>().ok().map(NodeRef::Index);
+    let by_id = (!q.is_empty()).then(|| NodeRef::External(q.to_string()));
+    by_index
+        .into_iter()
+        .chain(by_id)
+        .filter_map(|r| bank.resolve(&r).ok())
+        .collect()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DueParams {
+    #[serde(default)]
+    tree: Option<String>,
+}
+
+pub async fn due(
+    State(state): State<AppState>,
+    params: Result<Query<DueParams>, QueryRejection>,
+) -> ApiResult<Json<DueOut>> {
+    let params = query_params(params)?;
+    state
+        .blocking(move |core| {
+            let bank = core.read()?;
+            let due = bank
+                .due_for_consolidation(params.tree.as_deref())
+                .map_err(bank_error("tree"))?;
+            let due = due
+                .into_iter()
+                .map(|i| NodeSummary::new(&bank, i))
+                .collect::<Result<_, _>>()
+                .map_err(bank_error("tree"))?;
+            Ok(Json(DueOut { due }))
+        })
+        .await
+}
+
+/// Server-sent events: `change` after each commit round.
+pub async fn events(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let rx = state.core.changes();
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.changed().await.ok()?;
+        let change = *rx.borrow_and_update();
+        let data = serde_json::json!({"node_count": change.node_count, "last_lsn": change.last_lsn});
+        Some((Ok(Event::default().event("change").data(data.to_string())), rx))
+    });
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+pub async fn explorer_index() -> Response {
+    asset("index.html")
+}
+
+pub async fn explorer_asset(file: Result<Path<String>, PathRejection>) -> Response {
+    match file {
+        Ok(Path(name)) => asset(&name),
+        Err(_) => not_found(),
+    }
+}
+
+/// An embedded file; names come from the embedded set only, never the disk.
+fn asset(name: &str) -> Response {
+    let Some(file) = EXPLORER.get_file(name) else {
+        return not_found();
+    };
+    let kind = match name.rsplit('.').next() {
+        Some("html") => "text/html; charset=utf-8",
+        Some("js") => "text/javascript; charset=utf-8",
+        Some("css") => "text/css; charset=utf-8",
+        Some("svg") => "image/svg+xml",
+        Some("json") => "application/json",
+        Some("png") => "image/png",
+        _ => "application/octet-stream",
+    };
+    ([(header::CONTENT_TYPE, kind)], file.contents()).into_response()
+}
+
+fn not_found() -> Response {
+    ApiError::new(StatusCode::NOT_FOUND, "no such file in the explorer").into_response()
+}

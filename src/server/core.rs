@@ -1,0 +1,419 @@
+//! The one bank a server process owns, shared by every request.
+//!
+//! Writes go to one writer thread through a queue. Each round it drains
+//! the queue, applies every write under the exclusive lock without an
+//! fsync, releases the lock, runs one WAL fsync for the whole round
+//! (`Bank::detach_sync`), then answers: concurrent durable writes share an
+//! fsync (group commit) and queries never wait for the disk. Queries on a
+//! tree go through a per-tree queue: while one batch is being scored the
+//! next one gathers, and each batch is scored in one pass over the column
+//! (`Bank::query_batch`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::thread::JoinHandle;
+
+use axum::http::StatusCode;
+use tokio::sync::{oneshot, watch};
+
+use super::body::{AckOut, ConsolidateOut, HitOut, MatchOut, QueryAnswer};
+use super::error::{ApiError, ApiResult};
+use super::metrics::Metrics;
+use crate::bank::{Bank, BankError, NewNode, NodeRef, OpenOptions, QueryOptions, SyncPolicy};
+use crate::storage::wal::DetachedSync;
+
+/// Writes waiting for the writer thread; a full queue answers 503.
+const WRITE_QUEUE_LEN: usize = 4096;
+/// Most writes applied in one round (one fsync).
+const ROUND_MAX_WRITES: usize = 1024;
+
+pub enum WriteOp {
+    Insert(NewNode),
+    /// All or nothing, one WAL record.
+    Batch(Vec<NewNode>),
+    Hit(NodeRef),
+    Retrievals(Vec<NodeRef>),
+    Consolidate(NodeRef, BTreeMap<String, String>),
+}
+
+pub enum WriteDone {
+    Inserted(Vec<AckOut>),
+    Hit(HitOut),
+    Retrievals(u32),
+    Consolidated(ConsolidateOut),
+}
+
+struct WriteJob {
+    op: WriteOp,
+    reply: oneshot::Sender<ApiResult<WriteDone>>,
+}
+
+struct QueryJob {
+    embedding: Vec<f32>,
+    options: QueryOptions,
+    reply: oneshot::Sender<ApiResult<QueryAnswer>>,
+}
+
+#[derive(Default)]
+struct TreeQueue {
+    jobs: Vec<QueryJob>,
+    running: bool,
+}
+
+/// What `/v1/events` announces after each commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ChangeEvent {
+    pub node_count: u32,
+    pub last_lsn: u64,
+}
+
+/// State the writer thread shares with the request handlers.
+struct Shared {
+    bank: RwLock<Bank>,
+    metrics: Arc<Metrics>,
+    changes: watch::Sender<ChangeEvent>,
+    /// The policy acknowledgements honour (`None`: ack before any fsync).
+    policy: SyncPolicy,
+}
+
+pub struct Core {
+    shared: Arc<Shared>,
+    writes: Mutex<Option<SyncSender<WriteJob>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    queries: Mutex<HashMap<String, TreeQueue>>,
+    read_only: bool,
+}
+
+impl Core {
+    /// Opens the bank as its writer (or read-only) and starts the writer
+    /// thread.
+    pub fn open(path: &Path, policy: SyncPolicy, read_only: bool, threads: usize) -> Result<Arc<Core>, BankError> {
+        let options = OpenOptions {
+            read_only,
+            // The writer thread syncs itself, once per round.
+            sync: SyncPolicy::None,
+            ..OpenOptions::default()
+        };
+        let mut bank = Bank::open_dir(path, options)?;
+        bank.set_query_threads(threads);
+        let (changes, _) = watch::channel(ChangeEvent {
+            node_count: bank.node_count(),
+            last_lsn: bank.durable_below_lsn().saturating_sub(1),
+        });
+        let shared = Arc::new(Shared {
+            bank: RwLock::new(bank),
+            metrics: Arc::new(Metrics::default()),
+            changes,
+            policy,
+        });
+        let (tx, rx) = sync_channel(WRITE_QUEUE_LEN);
+        let for_thread = shared.clone();
+        let writer = std::thread::Builder::new()
+            .name("deltamem-writer".into())
+            .spawn(move || writer_loop(&for_thread, &rx))
+            .map_err(|e| BankError::BadConfig(format!("cannot start the writer thread: {e}")))?;
+        Ok(Arc::new(Core {
+            shared,
+            writes: Mutex::new(Some(tx)),
+            writer: Mutex::new(Some(writer)),
+            queries: Mutex::new(HashMap::new()),
+            read_only,
+        }))
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.shared.metrics
+    }
+
+    pub fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    pub fn changes(&self) -> watch::Receiver<ChangeEvent> {
+        self.shared.changes.subscribe()
+    }
+
+    /// The bank for reading; waits only for a write being applied (never
+    /// for an fsync).
+    pub fn read(&self) -> ApiResult<RwLockReadGuard<'_, Bank>> {
+        self.shared.bank.read().map_err(|_| poisoned_lock())
+    }
+
+    /// Queues a write; the answer comes once it is durable (per policy).
+    pub fn submit(&self, op: WriteOp) -> ApiResult<oneshot::Receiver<ApiResult<WriteDone>>> {
+        if self.read_only {
+            return Err(ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "the server was started read-only",
+            ));
+        }
+        let (reply, rx) = oneshot::channel();
+        let guard = self.writes.lock().map_err(|_| poisoned_lock())?;
+        let Some(tx) = guard.as_ref() else {
+            return Err(ApiError::unavailable("the server is shutting down"));
+        };
+        match tx.try_send(WriteJob { op, reply }) {
+            Ok(()) => Ok(rx),
+            Err(TrySendError::Full(_)) => Err(ApiError::unavailable("too many writes queued; retry later")),
+            Err(TrySendError::Disconnected(_)) => Err(ApiError::unavailable("the writer has stopped")),
+        }
+    }
+
+    pub async fn write(&self, op: WriteOp) -> ApiResult<WriteDone> {
+        let rx = self.submit(op)?;
+        rx.await
+            .map_err(|_| ApiError::unavailable("the writer stopped before answering"))?
+    }
+
+    /// `write` for callers outside the async runtime (MCP over stdio).
+    pub fn write_blocking(&self, op: WriteOp) -> ApiResult<WriteDone> {
+        let rx = self.submit(op)?;
+        rx.blocking_recv()
+            .map_err(|_| ApiError::unavailable("the writer stopped before answering"))?
+    }
+
+    /// One query, scored together with whatever other queries on the same
+    /// tree arrive while the previous batch runs. The embedding must have
+    /// been checked (`check_embedding`).
+    pub async fn query(
+        self: &Arc<Self>,
+        tree: &str,
+        embedding: Vec<f32>,
+        options: QueryOptions,
+    ) -> ApiResult<QueryAnswer> {
+        self.read()?
+            .tree_index(tree)
+            .map_err(|e| ApiError::from_bank(e, "tree"))?;
+        let (reply, rx) = oneshot::channel();
+        let start = {
+            let mut queues = self.queries.lock().map_err(|_| poisoned_lock())?;
+            let queue = queues.entry(tree.to_string()).or_default();
+            queue.jobs.push(QueryJob {
+                embedding,
+                options,
+                reply,
+            });
+            !std::mem::replace(&mut queue.running, true)
+        };
+        if start {
+            let core = self.clone();
+            let tree = tree.to_string();
+            tokio::task::spawn_blocking(move || core.run_queries(&tree));
+        }
+        rx.await
+            .map_err(|_| ApiError::unavailable("the query runner stopped"))?
+    }
+
+    /// Scores queued queries of one tree until its queue is empty.
+    fn run_queries(&self, tree: &str) {
+        loop {
+            let jobs = {
+                let Ok(mut queues) = self.queries.lock() else { return };
+                let queue = queues.get_mut(tree).expect("a running tree has a queue");
+                if queue.jobs.is_empty() {
+                    queue.running = false;
+                    return;
+                }
+                std::mem::take(&mut queue.jobs)
+            };
+            self.shared.metrics.query_batch(jobs.len());
+            let mut groups: BTreeMap<OptionsKey, Vec<QueryJob>> = BTreeMap::new();
+            for job in jobs {
+                groups.entry(OptionsKey::of(&job.options)).or_default().push(job);
+            }
+            for (_, group) in groups {
+                self.answer_group(tree, group);
+            }
+        }
+    }
+
+    fn answer_group(&self, tree: &str, group: Vec<QueryJob>) {
+        let bank = match self.read() {
+            Ok(bank) => bank,
+            Err(e) => return group.into_iter().for_each(|j| drop(j.reply.send(Err(e.clone())))),
+        };
+        let options = group[0].options.clone();
+        let embeddings: Vec<&[f32]> = group.iter().map(|j| j.embedding.as_slice()).collect();
+        match bank.query_batch(tree, &embeddings, &options) {
+            Ok(answers) => {
+                for (job, matches) in group.into_iter().zip(answers) {
+                    let _ = job.reply.send(answer(&bank, matches));
+                }
+            }
+            // One bad query must not fail the others: answer each alone.
+            Err(_) => {
+                for job in group {
+                    let result = bank
+                        .query(tree, &job.embedding, &job.options)
+                        .map_err(|e| ApiError::from_bank(e, "embedding"))
+                        .and_then(|m| answer(&bank, m));
+                    let _ = job.reply.send(result);
+                }
+            }
+        }
+    }
+
+    /// Stops taking writes, lets the writer finish what is queued, then
+    /// checkpoints (so a restart replays nothing).
+    pub fn shutdown(&self) -> Result<(), BankError> {
+        if let Ok(mut tx) = self.writes.lock() {
+            tx.take();
+        }
+        if let Some(handle) = self.writer.lock().ok().and_then(|mut w| w.take()) {
+            let _ = handle.join();
+        }
+        if self.read_only {
+            return Ok(());
+        }
+        let mut bank = self
+            .shared
+            .bank
+            .write()
+            .map_err(|_| BankError::Poisoned("a writer panicked".into()))?;
+        bank.checkpoint()
+    }
+}
+
+pub(super) fn answer(bank: &Bank, matches: Vec<crate::bank::Match>) -> ApiResult<QueryAnswer> {
+    let matches = matches
+        .into_iter()
+        .map(|m| MatchOut::new(bank, m))
+        .collect::<Result<_, _>>()
+        .map_err(|e| ApiError::from_bank(e, "embedding"))?;
+    Ok(QueryAnswer { matches })
+}
+
+fn poisoned_lock() -> ApiError {
+    ApiError::unavailable("the bank's lock was poisoned by a panic; restart the server")
+}
+
+/// Queries with equal options can share a pass.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct OptionsKey(usize, Option<u32>, Option<u32>, bool);
+
+impl OptionsKey {
+    fn of(o: &QueryOptions) -> OptionsKey {
+        OptionsKey(
+            o.k,
+            o.tau.map(f32::to_bits),
+            o.eps.map(f32::to_bits),
+            o.include_consolidated,
+        )
+    }
+}
+
+/// The writer thread: rounds of apply-all, one fsync, answer-all, until
+/// the queue's senders are gone.
+fn writer_loop(shared: &Shared, rx: &Receiver<WriteJob>) {
+    while let Ok(first) = rx.recv() {
+        let mut jobs = vec![first];
+        while jobs.len() < ROUND_MAX_WRITES {
+            match rx.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        let results = round(shared, &jobs);
+        for (job, result) in jobs.into_iter().zip(results) {
+            let _ = job.reply.send(result);
+        }
+    }
+}
+
+/// Applies a round of writes and makes them durable with one fsync.
+fn round(shared: &Shared, jobs: &[WriteJob]) -> Vec<ApiResult<WriteDone>> {
+    let Ok(mut bank) = shared.bank.write() else {
+        return jobs.iter().map(|_| Err(poisoned_lock())).collect();
+    };
+    let mut results: Vec<ApiResult<WriteDone>> = jobs.iter().map(|j| apply(&mut bank, &j.op)).collect();
+    shared.metrics.write_round(results.iter().filter(|r| r.is_ok()).count());
+    let pending = match shared.policy {
+        SyncPolicy::None => Ok(None),
+        _ => bank.detach_sync(),
+    };
+    drop(bank);
+    let synced = match pending {
+        Ok(None) => Ok(()),
+        Ok(Some(pending)) => make_durable(shared, &pending),
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = synced {
+        // Applied but not durable: the bank is poisoned and says so.
+        let error = ApiError::unavailable(format!("write not made durable: {e}"));
+        for r in results.iter_mut().filter(|r| r.is_ok()) {
+            *r = Err(error.clone());
+        }
+    }
+    if let Ok(bank) = shared.bank.read() {
+        shared.changes.send_replace(ChangeEvent {
+            node_count: bank.node_count(),
+            last_lsn: bank.durable_below_lsn().saturating_sub(1),
+        });
+    }
+    results
+}
+
+/// Runs a detached fsync with no lock held, then records it.
+fn make_durable(shared: &Shared, pending: &DetachedSync) -> Result<(), String> {
+    let outcome = pending.run();
+    shared.metrics.wal_sync();
+    let mut bank = shared
+        .bank
+        .write()
+        .map_err(|_| "the bank's lock was poisoned".to_string())?;
+    bank.finish_sync(pending, outcome).map_err(|e| e.to_string())
+}
+
+/// One write against the bank (no fsync: the round does that).
+pub(super) fn apply(bank: &mut Bank, op: &WriteOp) -> ApiResult<WriteDone> {
+    let no_sync = Some(SyncPolicy::None);
+    match op {
+        WriteOp::Insert(node) => {
+            let ack = bank
+                .insert_with(node.clone(), no_sync)
+                .map_err(|e| ApiError::from_bank(e, "attach"))?;
+            Ok(WriteDone::Inserted(vec![AckOut::new(ack, node.external_id.clone())]))
+        }
+        WriteOp::Batch(nodes) => {
+            let acks = bank
+                .insert_batch(nodes, no_sync)
+                .map_err(|e| ApiError::from_bank(e, "nodes"))?;
+            let ids = nodes.iter().map(|n| n.external_id.clone());
+            Ok(WriteDone::Inserted(
+                acks.into_iter().zip(ids).map(|(a, id)| AckOut::new(a, id)).collect(),
+            ))
+        }
+        WriteOp::Hit(node) => {
+            let index = bank.resolve(node).map_err(|e| ApiError::from_bank(e, "id"))?;
+            let ack = bank.success_hit(index).map_err(|e| ApiError::from_bank(e, "id"))?;
+            Ok(WriteDone::Hit(HitOut {
+                id: ack.id,
+                success_hits: ack.success_hits,
+                due: ack.due,
+            }))
+        }
+        WriteOp::Retrievals(nodes) => {
+            let indexes = nodes
+                .iter()
+                .map(|n| bank.resolve(n))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| ApiError::from_bank(e, "ids"))?;
+            bank.record_retrievals(&indexes)
+                .map_err(|e| ApiError::from_bank(e, "ids"))?;
+            let distinct = indexes.iter().collect::<std::collections::BTreeSet<_>>().len();
+            Ok(WriteDone::Retrievals(distinct as u32))
+        }
+        WriteOp::Consolidate(node, fields) => {
+            let index = bank.resolve(node).map_err(|e| ApiError::from_bank(e, "id"))?;
+            let ack = bank
+                .consolidate(index, fields.clone())
+                .map_err(|e| ApiError::from_bank(e, "payload"))?;
+            Ok(WriteDone::Consolidated(ConsolidateOut {
+                source: ack.source,
+                new_root: ack.new_root,
+            }))
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! The HTTP face: router, authentication, limits and JSON bodies.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, FromRequest, MatchedPath, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use subtle::ConstantTimeEq;
+
+use super::core::Core;
+use super::error::{ApiError, ApiResult};
+
+/// Limits on what one request may ask; each breach is a clear 4xx.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Largest request body (413 beyond).
+    pub body_bytes: usize,
+    /// Most nodes in one batch insert, embeddings in one batch query, ids
+    /// in one retrieval count (400 beyond).
+    pub batch_items: usize,
+    /// Deepest JSON nesting of a body (400 beyond).
+    pub json_depth: usize,
+    /// Longest time to receive a body or answer a read (408 / 503).
+    pub request_ms: u64,
+    /// Most nodes in one page of a listing.
+    pub page_items: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            body_bytes: 16 * 1024 * 1024,
+            batch_items: 1024,
+            json_depth: 32,
+            request_ms: 30_000,
+            page_items: 1000,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    pub core: Arc<Core>,
+    pub limits: Arc<Limits>,
+    /// Bearer token every request must carry (None: no authentication).
+    pub token: Option<Arc<String>>,
+}
+
+impl AppState {
+    /// Runs read-only work on the blocking pool, bounded by the request
+    /// time limit (the work finishes anyway; reads change nothing).
+    pub async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Core) -> ApiResult<T> + Send + 'static,
+    ) -> ApiResult<T> {
+        let core = self.core.clone();
+        let task = tokio::task::spawn_blocking(move || work(&core));
+        match tokio::time::timeout(Duration::from_millis(self.limits.request_ms), task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the request handler panicked",
+            )),
+            Err(_) => Err(time_limit(self.limits.request_ms)),
+        }
+    }
+}
+
+fn time_limit(request_ms: u64) -> ApiError {
+    ApiError::unavailable(format!("the request took longer than the {request_ms} ms limit"))
+}
+
+/// The whole router: the JSON API, the MCP endpoint and the explorer.
+pub fn router(state: AppState, mcp: Router<AppState>) -> Router {
+    let body_limit = state.limits.body_bytes;
+    super::routes::api()
+        .merge(mcp)
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+/// Authentication and metrics around every request.
+async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| unmatched_route(request.uri().path()), |p| p.as_str().to_string());
+    let response = match authorised(&state, &request) {
+        true => next.run(request).await,
+        false => {
+            let mut r = ApiError::new(StatusCode::UNAUTHORIZED, "missing or wrong bearer token").into_response();
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+            r
+        }
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    state
+        .core
+        .metrics()
+        .request(&route, response.status().as_u16(), seconds);
+    response
+}
+
+/// Route label of a request no route matched (bounded set of labels).
+fn unmatched_route(path: &str) -> String {
+    match path.starts_with("/mcp") {
+        true => "/mcp".into(),
+        false => "unmatched".into(),
+    }
+}
+
+fn authorised(state: &AppState, request: &Request) -> bool {
+    let Some(token) = &state.token else { return true };
+    let Some(given) = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    given.as_bytes().ct_eq(token.as_bytes()).into()
+}
+
+/// Whether an address is loopback (serving elsewhere needs a token).
+pub fn is_loopback(addr: &SocketAddr) -> bool {
+    addr.ip().is_loopback()
+}
+
+/// A JSON body: read within the time limit, nesting checked, then
+/// deserialised with the path of the offending field in the error.
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
+        let limits = &state.limits;
+        let read = axum::body::Bytes::from_request(request, state);
+        let bytes = match tokio::time::timeout(Duration::from_millis(limits.request_ms), read).await {
+            Err(_) => {
+                return Err(ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!("the body did not arrive within {} ms", limits.request_ms),
+                ));
+            }
+            Ok(Err(rejection)) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                return Err(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("request body larger than {} bytes", limits.body_bytes),
+                ));
+            }
+            Ok(Err(rejection)) => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read the request body: {rejection}"),
+                ));
+            }
+            Ok(Ok(bytes)) => bytes,
+        };
+        parse_json(&bytes, limits.json_depth).map(JsonBody)
+    }
+}
+
+/// Parses a JSON body, naming the field that is wrong.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8], max_depth: usize) -> ApiResult<T> {
+    if let Some(depth) = nesting_beyond(bytes, max_depth) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("JSON nested deeper than {max_depth} levels (at byte {depth})"),
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let message = inner.to_string();
+        let message = message.split(" at line ").next().unwrap_or(&message).to_string();
+        match path.as_str() {
+            "." | "" => ApiError::new(StatusCode::BAD_REQUEST, format!("bad JSON body: {message}")),
+            _ => ApiError::bad_field(&path, format!("field {path:?}: {message}")),
+        }
+    })?;
+    de.end().map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("trailing data after the JSON body: {e}"),
+        )
+    })?;
+    Ok(value)
+}
+
+/// The byte offset where nesting first exceeds `max_depth`, if it does.
+/// Brackets inside strings do not count.
+fn nesting_beyond(bytes: &[u8], max_depth: usize) -> Option<usize> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for (at, &b) in bytes.iter().enumerate() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max_depth {
+                    return Some(at);
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nesting_counts_brackets_outside_strings_only() {
+        assert_eq!(nesting_beyond(br#"{"a":[[1]]}"#, 3), None);
+        assert_eq!(nesting_beyond(br#"{"a":[[[1]]]}"#, 3), Some(7));
+        assert_eq!(nesting_beyond(br#"{"a":"[[[[[\"[[["}"#, 1), None);
+    }
+
+    #[test]
+    fn a_bad_field_is_named() {
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct T {
+            embedding: Vec<f32>,
+        }
+        let e = parse_json::<T>(br#"{"embedding":[1,"x"]}"#, 8).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("embedding[1]"), "{}", e.message);
+        let e = parse_json::<T>(br#"{}"#, 8).unwrap_err();
+        assert!(e.message.contains("missing field `embedding`"), "{}", e.message);
+    }
+}

@@ -1,0 +1,323 @@
+//! The Model Context Protocol face: the bank's operations as MCP tools,
+//! over stdio (`deltamem mcp BANK`) and Streamable HTTP (`/mcp` on serve).
+//!
+//! Tools call a [`Memory`]: under `serve`, the server's [`Core`] (writes
+//! join its group commit); under `deltamem mcp`, a [`SharedBank`] that
+//! holds no lock between calls, so many stdio processes (one per client
+//! window) share one bank: each write takes the writer lock for that
+//! write only, with a bounded wait, and each read first refreshes to see
+//! the others' writes.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{CallToolResult, ContentBlock, InitializeResult, ServerCapabilities};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::tower::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ServerHandler, ServiceExt, tool, tool_handler, tool_router};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use super::body::{InsertRequest, NodeRefIn, QueryAnswer, StatsOut};
+use super::core::{Core, WriteDone, WriteOp, apply};
+use super::error::{ApiError, ApiResult};
+use super::routes::{chain_of, check_embedding};
+use crate::bank::{Bank, BankError, NodeRef, OpenOptions, QueryOptions, SyncPolicy};
+
+/// What the tools need from a bank, called on a blocking thread.
+pub trait Memory: Send + Sync + 'static {
+    fn read<T>(&self, f: impl FnOnce(&Bank) -> ApiResult<T>) -> ApiResult<T>
+    where
+        Self: Sized;
+    fn query(&self, tree: &str, embedding: Vec<f32>, options: QueryOptions) -> ApiResult<QueryAnswer>;
+    fn write(&self, op: WriteOp) -> ApiResult<WriteDone>;
+}
+
+impl Memory for Arc<Core> {
+    fn read<T>(&self, f: impl FnOnce(&Bank) -> ApiResult<T>) -> ApiResult<T> {
+        f(&*Core::read(self)?)
+    }
+
+    fn query(&self, tree: &str, embedding: Vec<f32>, options: QueryOptions) -> ApiResult<QueryAnswer> {
+        tokio::runtime::Handle::current().block_on(Core::query(self, tree, embedding, options))
+    }
+
+    fn write(&self, op: WriteOp) -> ApiResult<WriteDone> {
+        self.write_blocking(op)
+    }
+}
+
+/// A bank shared with other processes: no lock held between calls.
+pub struct SharedBank {
+    path: PathBuf,
+    reader: Mutex<Bank>,
+    lock_wait: Duration,
+}
+
+impl SharedBank {
+    pub fn open(path: &Path, lock_wait: Duration) -> Result<SharedBank, BankError> {
+        let options = OpenOptions {
+            read_only: true,
+            ..OpenOptions::default()
+        };
+        Ok(SharedBank {
+            path: path.to_path_buf(),
+            reader: Mutex::new(Bank::open_dir(path, options)?),
+            lock_wait,
+        })
+    }
+
+    /// Opens the bank as its writer, waiting up to `lock_wait` for another
+    /// process's write to finish.
+    fn open_writer(&self) -> ApiResult<Bank> {
+        let deadline = Instant::now() + self.lock_wait;
+        let mut attempt = 0u32;
+        loop {
+            let options = OpenOptions {
+                sync: SyncPolicy::Always,
+                // Small, so a per-write open replays little.
+                checkpoint_wal_bytes: 4 * 1024 * 1024,
+                ..OpenOptions::default()
+            };
+            match Bank::open_dir(&self.path, options) {
+                Ok(bank) => return Ok(bank),
+                Err(e) if e.is_locked() && Instant::now() < deadline => {
+                    attempt += 1;
+                    // 1..8 ms, varied per process so waiters do not collide.
+                    let jitter = (std::process::id() ^ attempt.wrapping_mul(2_654_435_761)) % 8;
+                    std::thread::sleep(Duration::from_millis(u64::from(1 + jitter)));
+                }
+                Err(e) if e.is_locked() => {
+                    return Err(ApiError::unavailable(format!(
+                        "another process held the bank's writer lock for over {} ms: {e}",
+                        self.lock_wait.as_millis()
+                    )));
+                }
+                Err(e) => return Err(ApiError::from_bank(e, "bank")),
+            }
+        }
+    }
+}
+
+impl Memory for SharedBank {
+    fn read<T>(&self, f: impl FnOnce(&Bank) -> ApiResult<T>) -> ApiResult<T> {
+        let mut bank = self
+            .reader
+            .lock()
+            .map_err(|_| ApiError::unavailable("reader lock poisoned"))?;
+        bank.refresh().map_err(|e| ApiError::from_bank(e, "bank"))?;
+        f(&bank)
+    }
+
+    fn query(&self, tree: &str, embedding: Vec<f32>, options: QueryOptions) -> ApiResult<QueryAnswer> {
+        self.read(|bank| {
+            let found = bank
+                .query(tree, &embedding, &options)
+                .map_err(|e| ApiError::from_bank(e, "embedding"))?;
+            super::core::answer(bank, found)
+        })
+    }
+
+    fn write(&self, op: WriteOp) -> ApiResult<WriteDone> {
+        let mut bank = self.open_writer()?;
+        let done = apply(&mut bank, &op)?;
+        bank.sync().map_err(|e| ApiError::from_bank(e, "bank"))?;
+        // Dropped without a checkpoint: the WAL holds the write, and the
+        // lock is free for the next process at once.
+        Ok(done)
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct QueryParams {
+    /// Tree to search, e.g. "task" or "env".
+    pub tree: String,
+    /// Query vector with the bank's dimension.
+    pub embedding: Vec<f32>,
+    /// How many matches to return (default 1).
+    #[serde(default)]
+    pub k: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct NodeParams {
+    /// Node index (a number) or external id (a string).
+    pub id: NodeRefIn,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ChainParams {
+    /// Node index (a number) or external id (a string).
+    pub id: NodeRefIn,
+    /// Return the chain as prompt-ready text instead of JSON nodes.
+    #[serde(default)]
+    pub render: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct NoParams {}
+
+/// The tool set, over any [`Memory`].
+#[derive(Clone)]
+pub struct MemoryTools<M: Memory> {
+    memory: Arc<M>,
+}
+
+fn reply<T: Serialize>(result: ApiResult<T>) -> Result<CallToolResult, rmcp::ErrorData> {
+    Ok(match result {
+        Ok(value) => CallToolResult::success(vec![ContentBlock::text(
+            serde_json::to_string(&value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")),
+        )]),
+        Err(e) => CallToolResult::error(vec![ContentBlock::text(match e.field {
+            Some(f) => format!("{} (field {f})", e.message),
+            None => e.message,
+        })]),
+    })
+}
+
+impl<M: Memory> MemoryTools<M> {
+    async fn run<T: Serialize + Send + 'static>(
+        &self,
+        work: impl FnOnce(&M) -> ApiResult<T> + Send + 'static,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
+        let memory = self.memory.clone();
+        let result = tokio::task::spawn_blocking(move || work(&memory))
+            .await
+            .unwrap_or_else(|_| Err(ApiError::unavailable("the tool panicked")));
+        reply(result)
+    }
+}
+
+#[tool_router]
+impl<M: Memory> MemoryTools<M> {
+    pub fn new(memory: Arc<M>) -> Self {
+        MemoryTools { memory }
+    }
+
+    #[tool(
+        description = "Search one tree of the memory bank for the stored experiences most similar to a \
+        query vector. Failures are penalised in the ranking. Returns each match's id, score, type, label \
+        and its chain of node ids from the top-level root."
+    )]
+    async fn query_memory(&self, Parameters(p): Parameters<QueryParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+        self.run(move |m| {
+            let dim = m.read(|b| Ok(b.dim_count()))?;
+            check_embedding(&p.embedding, dim, "embedding")?;
+            let options = QueryOptions {
+                k: p.k.unwrap_or(1).clamp(1, 100) as usize,
+                ..QueryOptions::default()
+            };
+            m.query(&p.tree, p.embedding, options)
+        })
+        .await
+    }
+
+    #[tool(
+        description = "Store one experience node in the bank. attach is \"auto\" (placed under its \
+        closest match, or as a new root), \"root\", or {\"parent\": ID}. Answers once the node is durable."
+    )]
+    async fn store_node(&self, Parameters(p): Parameters<InsertRequest>) -> Result<CallToolResult, rmcp::ErrorData> {
+        self.run(move |m| {
+            let dim = m.read(|b| Ok(b.dim_count()))?;
+            check_embedding(&p.embedding, dim, "embedding")?;
+            match m.write(WriteOp::Insert(p.into_node()))? {
+                WriteDone::Inserted(mut acks) => Ok(acks.remove(0)),
+                _ => Err(ApiError::unavailable("unexpected answer from the writer")),
+            }
+        })
+        .await
+    }
+
+    #[tool(
+        description = "Count one success hit on a node whose experience helped an episode succeed. \
+        Returns the new count and whether the node is now due for consolidation."
+    )]
+    async fn count_success_hit(
+        &self,
+        Parameters(p): Parameters<NodeParams>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
+        self.run(move |m| match m.write(WriteOp::Hit(p.id.into()))? {
+            WriteDone::Hit(h) => Ok(h),
+            _ => Err(ApiError::unavailable("unexpected answer from the writer")),
+        })
+        .await
+    }
+
+    #[tool(
+        description = "Show the chain of a node: its top-level root first, then each refinement down \
+        to the node; with render=true, as text ready to put in a prompt."
+    )]
+    async fn show_chain(&self, Parameters(p): Parameters<ChainParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+        self.run(move |m| {
+            let node: NodeRef = p.id.into();
+            m.read(|b| chain_of(b, &node, p.render))
+        })
+        .await
+    }
+
+    #[tool(
+        description = "Counts and sizes of the memory bank: nodes per tree, roots, successes, \
+        failures, consolidations, depth histogram, bytes on disk."
+    )]
+    async fn bank_stats(&self, Parameters(_): Parameters<NoParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+        self.run(|m| m.read(|b| b.stats().map(StatsOut::new).map_err(|e| ApiError::from_bank(e, "bank"))))
+            .await
+    }
+}
+
+#[tool_handler]
+impl<M: Memory> ServerHandler for MemoryTools<M> {
+    fn get_info(&self) -> InitializeResult {
+        InitializeResult::new(ServerCapabilities::builder().enable_tools().build()).with_instructions(
+            "Long-term experience memory of an agent (deltamem): query it for past experiences \
+             similar to the current situation, store new ones, and count the ones that helped.",
+        )
+    }
+}
+
+/// The tools on Streamable HTTP, as a router nested at `/mcp`.
+pub fn http_service<S: Clone + Send + Sync + 'static>(
+    core: Arc<Core>,
+    bound: &SocketAddr,
+    cancel: CancellationToken,
+) -> Router<S> {
+    let memory = Arc::new(core);
+    // Host validation guards a loopback server against DNS rebinding; the
+    // address it was told to listen on is allowed too.
+    let host = bound.ip().to_string();
+    let config = StreamableHttpServerConfig::default()
+        .with_cancellation_token(cancel)
+        .with_allowed_hosts(["localhost".to_string(), "127.0.0.1".into(), "::1".into(), host]);
+    let service = StreamableHttpService::new(
+        move || Ok(MemoryTools::new(memory.clone())),
+        LocalSessionManager::default().into(),
+        config,
+    );
+    Router::new().nest_service("/mcp", service)
+}
+
+/// `deltamem mcp BANK`: the tools over stdin/stdout until stdin closes.
+pub fn serve_stdio(path: &Path, lock_wait: Duration) -> Result<(), super::ServeError> {
+    let memory = Arc::new(SharedBank::open(path, lock_wait)?);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| super::ServeError::Config(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(async move {
+        let service = MemoryTools::new(memory)
+            .serve(rmcp::transport::stdio())
+            .await
+            .map_err(|e| super::ServeError::Config(format!("MCP handshake failed: {e}")))?;
+        service
+            .waiting()
+            .await
+            .map_err(|e| super::ServeError::Config(format!("MCP session failed: {e}")))?;
+        Ok(())
+    })
+}

@@ -1,0 +1,155 @@
+//! Counters for `/metrics` (Prometheus text exposition format).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::bank::Stats;
+
+/// Upper bounds of the latency histogram buckets, in seconds.
+const BUCKETS_S: [f64; 12] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+];
+
+#[derive(Default)]
+struct Latency {
+    counts: [u64; BUCKETS_S.len()],
+    total: u64,
+    sum_s: f64,
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    /// (route, status) -> requests.
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    latency: Mutex<BTreeMap<String, Latency>>,
+    wal_syncs: AtomicU64,
+    write_rounds: AtomicU64,
+    writes: AtomicU64,
+    query_batches: AtomicU64,
+    queries: AtomicU64,
+}
+
+impl Metrics {
+    pub fn request(&self, route: &str, status: u16, seconds: f64) {
+        if let Ok(mut r) = self.requests.lock() {
+            *r.entry((route.to_string(), status)).or_default() += 1;
+        }
+        if let Ok(mut l) = self.latency.lock() {
+            let entry = l.entry(route.to_string()).or_default();
+            for (count, bound) in entry.counts.iter_mut().zip(BUCKETS_S) {
+                *count += u64::from(seconds <= bound);
+            }
+            entry.total += 1;
+            entry.sum_s += seconds;
+        }
+    }
+
+    pub fn wal_sync(&self) {
+        self.wal_syncs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn write_round(&self, writes: usize) {
+        self.write_rounds.fetch_add(1, Ordering::Relaxed);
+        self.writes.fetch_add(writes as u64, Ordering::Relaxed);
+    }
+
+    pub fn query_batch(&self, queries: usize) {
+        self.query_batches.fetch_add(1, Ordering::Relaxed);
+        self.queries.fetch_add(queries as u64, Ordering::Relaxed);
+    }
+
+    pub fn wal_sync_count(&self) -> u64 {
+        self.wal_syncs.load(Ordering::Relaxed)
+    }
+
+    /// The exposition text; `stats` adds the bank's gauges.
+    pub fn render(&self, stats: Option<&Stats>) -> String {
+        let mut out = String::new();
+        counter(
+            &mut out,
+            "deltamem_wal_syncs_total",
+            "WAL fsyncs run by the writer.",
+            &self.wal_syncs,
+        );
+        counter(
+            &mut out,
+            "deltamem_write_rounds_total",
+            "Group-commit rounds (one fsync each).",
+            &self.write_rounds,
+        );
+        counter(&mut out, "deltamem_writes_total", "Writes applied.", &self.writes);
+        counter(
+            &mut out,
+            "deltamem_query_batches_total",
+            "Passes scoring queued queries together.",
+            &self.query_batches,
+        );
+        counter(
+            &mut out,
+            "deltamem_queries_total",
+            "Single queries scored.",
+            &self.queries,
+        );
+        out.push_str("# HELP deltamem_http_requests_total HTTP requests by route and status.\n");
+        out.push_str("# TYPE deltamem_http_requests_total counter\n");
+        if let Ok(r) = self.requests.lock() {
+            for ((route, status), n) in r.iter() {
+                let _ = writeln!(
+                    out,
+                    "deltamem_http_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
+                );
+            }
+        }
+        self.render_latency(&mut out);
+        if let Some(s) = stats {
+            render_stats(&mut out, s);
+        }
+        out
+    }
+
+    fn render_latency(&self, out: &mut String) {
+        out.push_str("# HELP deltamem_http_request_seconds HTTP request latency by route.\n");
+        out.push_str("# TYPE deltamem_http_request_seconds histogram\n");
+        let Ok(l) = self.latency.lock() else { return };
+        for (route, h) in l.iter() {
+            let name = "deltamem_http_request_seconds";
+            for (count, bound) in h.counts.iter().zip(BUCKETS_S) {
+                let _ = writeln!(out, "{name}_bucket{{route=\"{route}\",le=\"{bound}\"}} {count}");
+            }
+            let _ = writeln!(out, "{name}_bucket{{route=\"{route}\",le=\"+Inf\"}} {}", h.total);
+            let _ = writeln!(out, "{name}_sum{{route=\"{route}\"}} {}", h.sum_s);
+            let _ = writeln!(out, "{name}_count{{route=\"{route}\"}} {}", h.total);
+        }
+    }
+}
+
+fn counter(out: &mut String, name: &str, help: &str, value: &AtomicU64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+        value.load(Ordering::Relaxed)
+    );
+}
+
+fn render_stats(out: &mut String, s: &Stats) {
+    out.push_str("# HELP deltamem_nodes Nodes per tree.\n# TYPE deltamem_nodes gauge\n");
+    for t in &s.trees {
+        let _ = writeln!(
+            out,
+            "deltamem_nodes{{tree=\"{}\"}} {}",
+            t.name.escape_default(),
+            t.nodes
+        );
+    }
+    out.push_str("# HELP deltamem_bank_bytes Bank bytes by part.\n# TYPE deltamem_bank_bytes gauge\n");
+    for (part, bytes) in [
+        ("vectors", s.vector_bytes),
+        ("table", s.table_bytes),
+        ("payload", s.payload_bytes),
+        ("wal", s.wal_bytes),
+    ] {
+        let _ = writeln!(out, "deltamem_bank_bytes{{part=\"{part}\"}} {bytes}");
+    }
+}

@@ -1,0 +1,122 @@
+//! `deltamem serve` and `deltamem mcp` (feature `server`): one bank served
+//! over HTTP/JSON and the Model Context Protocol (docs/SERVER.md). A thin
+//! face over the bank API: `core` owns the bank (writer thread, group
+//! commit, query batching), `routes`/`browse` map HTTP onto it, `mcp`
+//! exposes the same operations as MCP tools.
+
+pub mod body;
+mod browse;
+mod core;
+mod error;
+mod http;
+pub mod mcp;
+mod metrics;
+pub mod openapi;
+mod routes;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use self::core::Core;
+pub use error::ApiError;
+pub use http::Limits;
+
+use crate::bank::{BankError, SyncPolicy};
+
+/// Everything `deltamem serve` is told.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub bank: PathBuf,
+    pub listen: SocketAddr,
+    /// Bearer token; required unless `listen` is a loopback address.
+    pub token: Option<String>,
+    /// Threads of the runtime and of each scan.
+    pub threads: usize,
+    pub sync: SyncPolicy,
+    pub read_only: bool,
+    pub limits: Limits,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Bank(#[from] BankError),
+    #[error("{0}")]
+    Config(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServeError {
+    let what = what.into();
+    move |source| ServeError::Io { what, source }
+}
+
+/// Runs the server until SIGTERM or SIGINT, then stops accepting,
+/// finishes requests in flight, checkpoints and returns. `ready` is told
+/// the bound address (the port may have been 0).
+pub fn serve(config: ServeConfig, ready: impl FnOnce(SocketAddr)) -> Result<(), ServeError> {
+    if !http::is_loopback(&config.listen) && config.token.is_none() {
+        return Err(ServeError::Config(format!(
+            "{} is not a loopback address: give a bearer token (--token-file or DELTAMEM_TOKEN)",
+            config.listen
+        )));
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.threads.max(1))
+        .enable_all()
+        .build()
+        .map_err(io("cannot start the async runtime"))?;
+    let core = Core::open(&config.bank, config.sync, config.read_only, config.threads)?;
+    let served = runtime.block_on(run(config, core.clone(), ready));
+    // Requests in flight have finished: drain the writer and checkpoint.
+    let closed = core.shutdown();
+    served?;
+    closed.map_err(ServeError::from)
+}
+
+async fn run(config: ServeConfig, core: Arc<Core>, ready: impl FnOnce(SocketAddr)) -> Result<(), ServeError> {
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(io(format!("cannot listen on {}", config.listen)))?;
+    let bound = listener.local_addr().map_err(io("cannot read the bound address"))?;
+    let state = http::AppState {
+        core: core.clone(),
+        limits: Arc::new(config.limits.clone()),
+        token: config.token.map(Arc::new),
+    };
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let mcp = mcp::http_service(core, &bound, cancel.clone());
+    let app = http::router(state, mcp);
+    ready(bound);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            cancel.cancel();
+        })
+        .await
+        .map_err(io("the server failed"))
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+}

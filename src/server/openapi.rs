@@ -1,0 +1,199 @@
+//! The OpenAPI 3 document of the JSON API, with every body schema
+//! generated from the types in `body.rs`.
+
+use schemars::generate::SchemaSettings;
+use schemars::{JsonSchema, SchemaGenerator};
+use serde_json::{Map, Value, json};
+
+use super::body::*;
+
+/// One operation: method, path, summary, request body, 200 body.
+struct Op {
+    method: &'static str,
+    path: &'static str,
+    summary: &'static str,
+    request: Option<Value>,
+    response: Value,
+    params: &'static [(&'static str, &'static str, &'static str)],
+}
+
+fn op<T: JsonSchema>(g: &mut SchemaGenerator, method: &'static str, path: &'static str, summary: &'static str) -> Op {
+    Op {
+        method,
+        path,
+        summary,
+        request: None,
+        response: json_content(g.subschema_for::<T>()),
+        params: &[],
+    }
+}
+
+fn json_content(schema: impl serde::Serialize) -> Value {
+    json!({"content": {"application/json": {"schema": schema}}})
+}
+
+const TREE: (&str, &str, &str) = ("tree", "path", "string");
+const ID: (&str, &str, &str) = ("id", "path", "string");
+
+fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
+    let with_body = |mut o: Op, request: Value| {
+        o.request = Some(request);
+        o
+    };
+    let with_params = |mut o: Op, params: &'static [(&'static str, &'static str, &'static str)]| {
+        o.params = params;
+        o
+    };
+    let text = |mut o: Op, kind: &str| {
+        o.response = json!({"content": {kind: {"schema": {"type": "string"}}}});
+        o
+    };
+    let query = json_content(g.subschema_for::<QueryRequest>());
+    let query_batch = json_content(g.subschema_for::<QueryBatchRequest>());
+    let insert = json_content(g.subschema_for::<InsertRequest>());
+    let batch = json_content(g.subschema_for::<InsertBatchRequest>());
+    let retrievals = json_content(g.subschema_for::<RetrievalsRequest>());
+    let consolidate = json_content(g.subschema_for::<ConsolidateRequest>());
+    vec![
+        op::<HealthOut>(g, "get", "/healthz", "Liveness"),
+        text(
+            op::<HealthOut>(g, "get", "/metrics", "Prometheus metrics"),
+            "text/plain",
+        ),
+        op::<BankInfo>(g, "get", "/v1/bank", "Bank parameters and trees"),
+        op::<StatsOut>(g, "get", "/v1/stats", "Counts and sizes (as `deltamem stats --json`)"),
+        op::<VerifyOut>(g, "get", "/v1/verify", "Check every checksum and link"),
+        with_params(
+            with_body(
+                op::<QueryAnswer>(g, "post", "/v1/trees/{tree}/query", "Top-k matches of one embedding"),
+                query,
+            ),
+            &[TREE],
+        ),
+        with_params(
+            with_body(
+                op::<QueryBatchAnswer>(
+                    g,
+                    "post",
+                    "/v1/trees/{tree}/query_batch",
+                    "Top-k matches of many embeddings",
+                ),
+                query_batch,
+            ),
+            &[TREE],
+        ),
+        with_params(
+            op::<NodePage>(g, "get", "/v1/trees/{tree}/nodes", "A page of a tree's nodes"),
+            &[TREE, ("offset", "query", "integer"), ("limit", "query", "integer")],
+        ),
+        with_params(
+            text(
+                op::<HealthOut>(g, "get", "/v1/trees/{tree}/dump", "Every node of a tree as JSON Lines"),
+                "application/x-ndjson",
+            ),
+            &[TREE],
+        ),
+        with_body(
+            op::<AckOut>(g, "post", "/v1/nodes", "Store one node; answered once durable"),
+            insert,
+        ),
+        with_body(
+            op::<AcksOut>(g, "post", "/v1/nodes/batch", "Store nodes in one transaction"),
+            batch,
+        ),
+        with_params(
+            op::<NodeDetail>(g, "get", "/v1/nodes/{id}", "One node with its children"),
+            &[ID],
+        ),
+        with_params(
+            op::<ChainOut>(g, "get", "/v1/nodes/{id}/chain", "Chain from the top-level root"),
+            &[ID, ("render", "query", "boolean")],
+        ),
+        with_params(
+            op::<ChildrenOut>(g, "get", "/v1/nodes/{id}/children", "A node's children"),
+            &[ID],
+        ),
+        with_params(
+            op::<HitOut>(g, "post", "/v1/nodes/{id}/hit", "Count one success hit"),
+            &[ID],
+        ),
+        with_params(
+            with_body(
+                op::<ConsolidateOut>(
+                    g,
+                    "post",
+                    "/v1/nodes/{id}/consolidate",
+                    "Write a distilled root for a node's chain",
+                ),
+                consolidate,
+            ),
+            &[ID],
+        ),
+        with_body(
+            op::<RetrievalsOut>(g, "post", "/v1/retrievals", "Count retrievals of a used chain"),
+            retrievals,
+        ),
+        with_params(
+            op::<NodeList>(g, "get", "/v1/search", "Find nodes by index, external id or text"),
+            &[
+                ("q", "query", "string"),
+                ("tree", "query", "string"),
+                ("limit", "query", "integer"),
+            ],
+        ),
+        with_params(
+            op::<DueOut>(g, "get", "/v1/due", "Nodes due for consolidation"),
+            &[("tree", "query", "string")],
+        ),
+    ]
+}
+
+/// Statuses every operation may answer with an error body.
+const ERROR_STATUSES: [&str; 8] = ["400", "401", "404", "405", "408", "409", "413", "503"];
+
+pub fn document() -> Value {
+    let mut g = SchemaSettings::openapi3().into_generator();
+    let ops = operations(&mut g);
+    let error = json_content(g.subschema_for::<ErrorOut>());
+    let mut paths = Map::new();
+    for o in ops {
+        let mut responses = Map::new();
+        responses.insert("200".into(), with_description(o.response, "OK"));
+        for status in ERROR_STATUSES {
+            responses.insert(status.into(), with_description(error.clone(), "error"));
+        }
+        let mut operation = json!({"summary": o.summary, "responses": responses});
+        if let Some(body) = o.request {
+            let mut body = body;
+            body["required"] = json!(true);
+            operation["requestBody"] = body;
+        }
+        let params: Vec<Value> = o
+            .params
+            .iter()
+            .map(|(name, place, kind)| json!({"name": name, "in": place, "required": *place == "path" || *name == "q", "schema": {"type": kind}}))
+            .collect();
+        if !params.is_empty() {
+            operation["parameters"] = Value::Array(params);
+        }
+        let entry = paths.entry(o.path.to_string()).or_insert_with(|| json!({}));
+        entry[o.method] = operation;
+    }
+    let schemas: Map<String, Value> = g.take_definitions(true).into_iter().collect();
+    json!({
+        "openapi": "3.0.3",
+        "info": {"title": "deltamem serve", "version": env!("CARGO_PKG_VERSION"),
+                 "description": "The HTTP API of a deltamem bank (docs/SERVER.md)."},
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}
+        },
+        "security": [{"bearer": []}, {}]
+    })
+}
+
+fn with_description(mut v: Value, description: &str) -> Value {
+    v["description"] = json!(description);
+    v
+}

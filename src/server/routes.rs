@@ -1,0 +1,345 @@
+//! The JSON API of docs/SERVER.md: one handler per route, each a thin
+//! call into the bank through `Core`.
+
+use axum::Router;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+
+use super::body::*;
+use super::core::{WriteDone, WriteOp};
+use super::error::{ApiError, ApiResult};
+use super::http::{AppState, JsonBody};
+use crate::bank::{Bank, NodeRef};
+
+use axum::Json;
+
+pub fn api() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(|| async { Json(HealthOut { ok: true }) }))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(|| async { Json(super::openapi::document()) }))
+        .route("/v1/bank", get(bank_info))
+        .route("/v1/stats", get(stats))
+        .route("/v1/verify", get(verify))
+        .route("/v1/trees/{tree}/query", post(query))
+        .route("/v1/trees/{tree}/query_batch", post(query_batch))
+        .route("/v1/trees/{tree}/nodes", get(super::browse::tree_nodes))
+        .route("/v1/trees/{tree}/dump", get(super::browse::dump))
+        .route("/v1/nodes", post(insert))
+        .route("/v1/nodes/batch", post(insert_batch))
+        .route("/v1/nodes/{id}", get(node))
+        .route("/v1/nodes/{id}/chain", get(chain))
+        .route("/v1/nodes/{id}/children", get(super::browse::children))
+        .route("/v1/nodes/{id}/hit", post(hit))
+        .route("/v1/nodes/{id}/consolidate", post(consolidate))
+        .route("/v1/retrievals", post(retrievals))
+        .route("/v1/search", get(super::browse::search))
+        .route("/v1/due", get(super::browse::due))
+        .route("/v1/events", get(super::browse::events))
+        .route("/", get(super::browse::explorer_index))
+        .route("/assets/{*file}", get(super::browse::explorer_asset))
+}
+
+/// A node named in a URL path: digits are an index, anything else an
+/// external id (ids made only of digits are refused when written).
+pub fn node_ref(path: Result<Path<String>, PathRejection>) -> ApiResult<NodeRef> {
+    let Path(text) = path.map_err(|e| ApiError::bad_field("id", e.body_text()))?;
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return text
+            .parse()
+            .map(NodeRef::Index)
+            .map_err(|_| ApiError::new(StatusCode::NOT_FOUND, format!("unknown node {text}")));
+    }
+    Ok(NodeRef::External(text))
+}
+
+pub fn tree_name(path: Result<Path<String>, PathRejection>) -> ApiResult<String> {
+    path.map(|Path(t)| t)
+        .map_err(|e| ApiError::bad_field("tree", e.body_text()))
+}
+
+pub fn query_params<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
+    q.map(|Query(v)| v)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("bad query string: {}", e.body_text())))
+}
+
+pub fn resolve(bank: &Bank, node: &NodeRef) -> ApiResult<u32> {
+    bank.resolve(node).map_err(|e| ApiError::from_bank(e, "id"))
+}
+
+async fn metrics(State(state): State<AppState>) -> ApiResult<Response> {
+    let text = state
+        .blocking(|core| {
+            let stats = core.read()?.stats().ok();
+            Ok(core.metrics().render(stats.as_ref()))
+        })
+        .await?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+async fn bank_info(State(state): State<AppState>) -> ApiResult<Json<BankInfo>> {
+    let read_only = state.core.read_only();
+    state
+        .blocking(move |core| Ok(Json(BankInfo::new(&*core.read()?, read_only))))
+        .await
+}
+
+async fn stats(State(state): State<AppState>) -> ApiResult<Json<StatsOut>> {
+    state
+        .blocking(|core| {
+            let stats = core.read()?.stats().map_err(|e| ApiError::from_bank(e, "bank"))?;
+            Ok(Json(StatsOut::new(stats)))
+        })
+        .await
+}
+
+async fn verify(State(state): State<AppState>) -> ApiResult<Json<VerifyOut>> {
+    state
+        .blocking(|core| {
+            let report = core.read()?.verify().map_err(|e| ApiError::from_bank(e, "bank"))?;
+            Ok(Json(VerifyOut {
+                ok: report.is_ok(),
+                nodes_checked: report.nodes_checked,
+                wal_records: report.wal_records,
+                problems: report
+                    .problems
+                    .into_iter()
+                    .map(|p| ProblemOut {
+                        file: p.file,
+                        offset_bytes: p.offset_bytes,
+                        detail: p.detail,
+                    })
+                    .collect(),
+            }))
+        })
+        .await
+}
+
+/// Refuses an embedding the scan would refuse, before it joins a batch.
+pub fn check_embedding(embedding: &[f32], dim: u32, field: &str) -> ApiResult<()> {
+    if embedding.len() != dim as usize {
+        return Err(ApiError::bad_field(
+            field,
+            format!("{field} has {} dimensions, the bank stores {dim}", embedding.len()),
+        ));
+    }
+    if let Some(i) = embedding.iter().position(|x| !x.is_finite()) {
+        return Err(ApiError::bad_field(field, format!("{field}[{i}] is not a finite f32")));
+    }
+    if embedding.iter().all(|x| *x == 0.0) {
+        return Err(ApiError::bad_field(
+            field,
+            format!("{field} is all zeros: cannot normalise"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_options(o: &QueryOptionsIn, limits: &super::http::Limits) -> ApiResult<()> {
+    if o.k.is_some_and(|k| k == 0 || k as usize > limits.page_items) {
+        return Err(ApiError::bad_field(
+            "k",
+            format!("k must be in 1..={}", limits.page_items),
+        ));
+    }
+    for (name, v) in [("tau", o.tau), ("eps", o.eps)] {
+        if v.is_some_and(|v| !v.is_finite()) {
+            return Err(ApiError::bad_field(name, format!("{name} must be a finite number")));
+        }
+    }
+    Ok(())
+}
+
+async fn query(
+    State(state): State<AppState>,
+    tree: Result<Path<String>, PathRejection>,
+    JsonBody(request): JsonBody<QueryRequest>,
+) -> ApiResult<Json<QueryAnswer>> {
+    let tree = tree_name(tree)?;
+    check_options(&request.options, &state.limits)?;
+    let dim = state.core.read()?.dim_count();
+    check_embedding(&request.embedding, dim, "embedding")?;
+    let answer = state.core.query(&tree, request.embedding, request.options.to_options());
+    let limit = std::time::Duration::from_millis(state.limits.request_ms);
+    match tokio::time::timeout(limit, answer).await {
+        Ok(result) => result.map(Json),
+        Err(_) => Err(ApiError::unavailable(
+            "the query took longer than the request time limit",
+        )),
+    }
+}
+
+async fn query_batch(
+    State(state): State<AppState>,
+    tree: Result<Path<String>, PathRejection>,
+    JsonBody(request): JsonBody<QueryBatchRequest>,
+) -> ApiResult<Json<QueryBatchAnswer>> {
+    let tree = tree_name(tree)?;
+    check_options(&request.options, &state.limits)?;
+    if request.embeddings.len() > state.limits.batch_items {
+        return Err(ApiError::bad_field(
+            "embeddings",
+            format!(
+                "{} embeddings, the limit is {}",
+                request.embeddings.len(),
+                state.limits.batch_items
+            ),
+        ));
+    }
+    let dim = state.core.read()?.dim_count();
+    for (i, e) in request.embeddings.iter().enumerate() {
+        check_embedding(e, dim, &format!("embeddings[{i}]"))?;
+    }
+    let options = request.options.to_options();
+    state
+        .blocking(move |core| {
+            let bank = core.read()?;
+            let found = bank
+                .query_batch(&tree, &request.embeddings, &options)
+                .map_err(|e| ApiError::from_bank(e, "embeddings"))?;
+            let mut answers = Vec::with_capacity(found.len());
+            for matches in found {
+                let matches = matches
+                    .into_iter()
+                    .map(|m| MatchOut::new(&bank, m))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| ApiError::from_bank(e, "embeddings"))?;
+                answers.push(QueryAnswer { matches });
+            }
+            Ok(Json(QueryBatchAnswer { answers }))
+        })
+        .await
+}
+
+async fn node(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> ApiResult<Json<NodeDetail>> {
+    let node = node_ref(id)?;
+    state
+        .blocking(move |core| {
+            let bank = core.read()?;
+            let index = resolve(&bank, &node)?;
+            let detail = NodeOut::new(&bank, index).map_err(|e| ApiError::from_bank(e, "id"))?;
+            let children = super::browse::children_of(&bank, index)?;
+            Ok(Json(NodeDetail { node: detail, children }))
+        })
+        .await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChainParams {
+    #[serde(default)]
+    render: bool,
+}
+
+async fn chain(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    params: Result<Query<ChainParams>, QueryRejection>,
+) -> ApiResult<Json<ChainOut>> {
+    let node = node_ref(id)?;
+    let render = query_params(params)?.render;
+    state
+        .blocking(move |core| chain_of(&*core.read()?, &node, render).map(Json))
+        .await
+}
+
+/// A node's chain, as nodes or rendered (shared with the MCP tool).
+pub fn chain_of(bank: &Bank, node: &NodeRef, render: bool) -> ApiResult<ChainOut> {
+    let index = resolve(bank, node)?;
+    let ids = bank.chain(index).map_err(|e| ApiError::from_bank(e, "id"))?;
+    if render {
+        let text = bank.render_chain(index).map_err(|e| ApiError::from_bank(e, "id"))?;
+        return Ok(ChainOut::Rendered { chain: ids, text });
+    }
+    let chain = ids
+        .iter()
+        .map(|&i| NodeOut::new(bank, i))
+        .collect::<Result<_, _>>()
+        .map_err(|e| ApiError::from_bank(e, "id"))?;
+    Ok(ChainOut::Nodes { chain })
+}
+
+fn check_node(state: &AppState, n: &InsertRequest, field: &str) -> ApiResult<u32> {
+    let dim = state.core.read()?.dim_count();
+    check_embedding(&n.embedding, dim, &format!("{field}embedding"))?;
+    Ok(dim)
+}
+
+async fn insert(State(state): State<AppState>, JsonBody(request): JsonBody<InsertRequest>) -> ApiResult<Json<AckOut>> {
+    check_node(&state, &request, "")?;
+    match state.core.write(WriteOp::Insert(request.into_node())).await? {
+        WriteDone::Inserted(mut acks) if acks.len() == 1 => Ok(Json(acks.remove(0))),
+        _ => Err(unexpected()),
+    }
+}
+
+async fn insert_batch(
+    State(state): State<AppState>,
+    JsonBody(request): JsonBody<InsertBatchRequest>,
+) -> ApiResult<Json<AcksOut>> {
+    if request.nodes.len() > state.limits.batch_items {
+        return Err(ApiError::bad_field(
+            "nodes",
+            format!(
+                "{} nodes, the limit is {}",
+                request.nodes.len(),
+                state.limits.batch_items
+            ),
+        ));
+    }
+    for (i, n) in request.nodes.iter().enumerate() {
+        check_node(&state, n, &format!("nodes[{i}]."))?;
+    }
+    let nodes = request.nodes.into_iter().map(InsertRequest::into_node).collect();
+    match state.core.write(WriteOp::Batch(nodes)).await? {
+        WriteDone::Inserted(acks) => Ok(Json(AcksOut { acks })),
+        _ => Err(unexpected()),
+    }
+}
+
+async fn hit(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> ApiResult<Json<HitOut>> {
+    match state.core.write(WriteOp::Hit(node_ref(id)?)).await? {
+        WriteDone::Hit(h) => Ok(Json(h)),
+        _ => Err(unexpected()),
+    }
+}
+
+async fn retrievals(
+    State(state): State<AppState>,
+    JsonBody(request): JsonBody<RetrievalsRequest>,
+) -> ApiResult<Json<RetrievalsOut>> {
+    if request.ids.len() > state.limits.batch_items {
+        return Err(ApiError::bad_field(
+            "ids",
+            format!("{} ids, the limit is {}", request.ids.len(), state.limits.batch_items),
+        ));
+    }
+    let ids = request.ids.into_iter().map(NodeRef::from).collect();
+    match state.core.write(WriteOp::Retrievals(ids)).await? {
+        WriteDone::Retrievals(nodes) => Ok(Json(RetrievalsOut { ok: true, nodes })),
+        _ => Err(unexpected()),
+    }
+}
+
+async fn consolidate(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    JsonBody(request): JsonBody<ConsolidateRequest>,
+) -> ApiResult<Json<ConsolidateOut>> {
+    let node = node_ref(id)?;
+    match state.core.write(WriteOp::Consolidate(node, request.payload)).await? {
+        WriteDone::Consolidated(c) => Ok(Json(c)),
+        _ => Err(unexpected()),
+    }
+}
+
+fn unexpected() -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "the writer answered a different kind of write",
+    )
+}

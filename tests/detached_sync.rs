@@ -1,0 +1,96 @@
+//! `Bank::detach_sync` / `finish_sync`: the fsync a server runs outside its
+//! lock makes exactly the writes before it durable, and a failed one
+//! poisons the bank like a failed `sync`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use deltamem::storage::{FaultKind, FaultPlan, Loss, SimStorage};
+use deltamem::{Attach, Bank, BankConfig, Label, NewNode, OpenOptions, Payload, SyncPolicy};
+
+fn node(i: usize) -> NewNode {
+    let mut embedding = vec![0.0; 4];
+    embedding[i % 4] = 1.0;
+    embedding[(i + 1) % 4] = i as f32;
+    NewNode {
+        tree: "task".into(),
+        attach: Attach::Root,
+        label: Label::Success,
+        payload: Payload {
+            scenario: format!("scenario {i}"),
+            fields: BTreeMap::new(),
+        },
+        embedding,
+        external_id: None,
+    }
+}
+
+fn count_after_power_loss(storage: &SimStorage) -> u32 {
+    let image = storage.crash_image(Loss::LoseUnsynced);
+    Bank::open(Arc::new(image), OpenOptions::default())
+        .unwrap()
+        .node_count()
+}
+
+#[test]
+fn a_detached_sync_makes_the_writes_before_it_durable() {
+    let storage = SimStorage::new();
+    let mut bank = Bank::create(Arc::new(storage.clone()), BankConfig::new(4)).unwrap();
+    assert!(bank.detach_sync().unwrap().is_none(), "nothing to sync yet");
+    for i in 0..3 {
+        bank.insert_with(node(i), Some(SyncPolicy::None)).unwrap();
+    }
+    assert_eq!(count_after_power_loss(&storage), 0, "unsynced inserts are lost");
+    let pending = bank.detach_sync().unwrap().expect("three unsynced records");
+    // A write after the detach is not covered by it.
+    bank.insert_with(node(3), Some(SyncPolicy::None)).unwrap();
+    let before = bank.durable_below_lsn();
+    let outcome = pending.run();
+    bank.finish_sync(&pending, outcome).unwrap();
+    assert_eq!(bank.durable_below_lsn(), pending.below_lsn());
+    assert!(bank.durable_below_lsn() > before);
+    // The fourth write reached the file before the fsync ran, so the
+    // image may hold it; the first three must be there.
+    assert!(count_after_power_loss(&storage) >= 3);
+    let last = bank.detach_sync().unwrap().expect("the fourth record");
+    let outcome = last.run();
+    bank.finish_sync(&last, outcome).unwrap();
+    assert_eq!(count_after_power_loss(&storage), 4);
+}
+
+#[test]
+fn a_failed_detached_sync_poisons_the_bank() {
+    let storage = SimStorage::new();
+    let mut bank = Bank::create(Arc::new(storage.clone()), BankConfig::new(4)).unwrap();
+    bank.insert_with(node(0), Some(SyncPolicy::None)).unwrap();
+    let pending = bank.detach_sync().unwrap().unwrap();
+    storage.set_plan(Some(FaultPlan {
+        at_op: storage.op_count(),
+        kind: FaultKind::Fail,
+    }));
+    let outcome = pending.run();
+    storage.set_plan(None);
+    assert!(outcome.is_err(), "the planned fault hits the fsync");
+    assert!(bank.finish_sync(&pending, outcome).is_err());
+    let refused = bank.insert(node(1)).unwrap_err();
+    assert!(refused.to_string().contains("fsync"), "{refused}");
+    assert_eq!(count_after_power_loss(&storage), 0);
+}
+
+#[test]
+fn a_sync_overtaken_by_a_checkpoint_changes_nothing() {
+    let storage = SimStorage::new();
+    let mut bank = Bank::create(Arc::new(storage.clone()), BankConfig::new(4)).unwrap();
+    bank.insert_with(node(0), Some(SyncPolicy::None)).unwrap();
+    let pending = bank.detach_sync().unwrap().unwrap();
+    bank.checkpoint().unwrap();
+    let after_checkpoint = bank.durable_below_lsn();
+    let outcome = pending.run();
+    bank.finish_sync(&pending, outcome).unwrap();
+    assert_eq!(
+        bank.durable_below_lsn(),
+        after_checkpoint,
+        "the new WAL generation is untouched"
+    );
+    assert_eq!(count_after_power_loss(&storage), 1);
+}
