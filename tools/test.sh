@@ -12,6 +12,16 @@ step() { echo "== test: $*" >&2; }
 step "Rust (cargo test --release --features agent)"
 DELTAMEM_REQUIRE_ASSETS=1 cargo test --release --features agent
 
+# --- Server (docs/SERVER.md): MCP through the Python `mcp` client over
+# stdio and Streamable HTTP, four stdio servers on one bank; then
+# schemathesis against /openapi.json of a live server. (.ci/run adds kill -9
+# cycles of the server: tools/server-kill9.sh.)
+step "server: MCP clients (pytest tests/python_server)"
+DELTAMEM_BIN=target/release/deltamem .venv/bin/python -m pytest -q tests/python_server
+step "server: schemathesis against /openapi.json"
+tools/server-schemathesis.sh
+# -----------------------------------------------------------------------
+
 # The explorer page in headless Chromium (tests/browser/explorer.test.js):
 # each run builds a bank from the reference ScienceWorld trees, starts
 # `deltamem serve` on a random port of 127.0.0.1 and stops it at the end.

@@ -1,63 +1,32 @@
 //! Request and response bodies of the HTTP and MCP faces.
 //!
-//! Until the shared `deltamem::api` module (the CLI's JSON Lines types)
-//! lands, the request types live here; they follow the CLI's field names
-//! exactly so the switch changes no wire format.
-
-use std::collections::BTreeMap;
+//! The CLI's request and reply types come from `deltamem::api` (one set
+//! for every face); what only the server has (batches, pages, summaries,
+//! bank info, stats, errors) is defined here.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::bank::{Bank, BankError, InsertAck, Match, NodeRef, QueryOptions};
+use crate::api::QueryDefaults;
+pub use crate::api::{
+    ChainReply, ConsolidateReply, ConsolidateRequest, HitReply, InsertReply, InsertRequest, NodeRefJson, NodeReply,
+    QueryReply, TreeQuery,
+};
+use crate::bank::{Bank, BankError, QueryOptions};
 use crate::format::row::Row;
-use crate::{Attach, Label, NewNode, Payload};
-
-/// A node named by its index (a number) or its external id (a string).
-#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
-#[serde(untagged)]
-pub enum NodeRefIn {
-    Index(u32),
-    External(String),
-}
-
-impl From<NodeRefIn> for NodeRef {
-    fn from(r: NodeRefIn) -> NodeRef {
-        match r {
-            NodeRefIn::Index(i) => NodeRef::Index(i),
-            NodeRefIn::External(s) => NodeRef::External(s),
-        }
-    }
-}
-
-/// One similarity query on a tree.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct QueryRequest {
-    /// The query vector; it must have the bank's dimension.
-    pub embedding: Vec<f32>,
-    #[serde(flatten)]
-    pub options: QueryOptionsIn,
-}
 
 /// Several queries with the same options, scored in one pass.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QueryBatchRequest {
     pub embeddings: Vec<Vec<f32>>,
-    #[serde(flatten)]
-    pub options: QueryOptionsIn,
-}
-
-#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
-pub struct QueryOptionsIn {
-    /// Matches to return (default 1).
+    /// How many matches per query (default 1).
     #[serde(default)]
-    pub k: Option<u32>,
-    /// Threshold overriding the tree's tau.
+    pub k: Option<usize>,
+    /// Threshold in -1..=1 (default: the tree's).
     #[serde(default)]
     pub tau: Option<f32>,
-    /// Failure penalty overriding the bank's eps.
+    /// Failure penalty, finite and >= 0 (default: the bank's).
     #[serde(default)]
     pub eps: Option<f32>,
     /// Also match nodes already distilled into a consolidated root.
@@ -65,115 +34,30 @@ pub struct QueryOptionsIn {
     pub include_consolidated: Option<bool>,
 }
 
-impl QueryOptionsIn {
-    pub fn to_options(&self) -> QueryOptions {
-        QueryOptions {
-            k: self.k.map_or(1, |k| k as usize),
+impl QueryBatchRequest {
+    /// The embeddings, and the options checked as for a single query.
+    pub fn into_parts(self) -> Result<(Vec<Vec<f32>>, QueryOptions), BankError> {
+        let options = TreeQuery {
+            embedding: Vec::new(),
+            k: self.k,
             tau: self.tau,
             eps: self.eps,
-            include_consolidated: self.include_consolidated.unwrap_or(false),
+            include_consolidated: self.include_consolidated,
         }
+        .options(QUERY_DEFAULTS)?;
+        Ok((self.embeddings, options))
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct MatchOut {
-    pub id: u32,
-    pub score: f32,
-    pub depth: u8,
-    #[serde(rename = "type")]
-    pub node_type: String,
-    pub label: String,
-    /// Root first, ending with `id`.
-    pub chain: Vec<u32>,
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub external_id: Option<String>,
-}
-
-impl MatchOut {
-    pub fn new(bank: &Bank, m: Match) -> Result<MatchOut, BankError> {
-        Ok(MatchOut {
-            external_id: bank.row(m.id)?.external_id_text(),
-            id: m.id,
-            score: m.score,
-            depth: m.depth,
-            node_type: m.node_type.as_str().into(),
-            label: m.label.as_str().into(),
-            chain: m.chain,
-        })
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct QueryAnswer {
-    pub matches: Vec<MatchOut>,
-}
+/// What the server fills in for options a query leaves out.
+pub const QUERY_DEFAULTS: QueryDefaults = QueryDefaults {
+    k: 1,
+    include_consolidated: false,
+};
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct QueryBatchAnswer {
-    pub answers: Vec<QueryAnswer>,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum AttachMode {
-    Auto,
-    Root,
-}
-
-/// "auto" (the write rule decides), "root", or {"parent": ID}.
-#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
-#[serde(untagged)]
-pub enum AttachIn {
-    Mode(AttachMode),
-    Parent { parent: NodeRefIn },
-}
-
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema)]
-pub enum LabelIn {
-    #[serde(rename = "SUCCESS")]
-    Success,
-    #[serde(rename = "FAILURE")]
-    Failure,
-}
-
-/// One node to store, as a `deltamem insert` line.
-#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct InsertRequest {
-    pub tree: String,
-    pub attach: AttachIn,
-    pub label: LabelIn,
-    pub scenario: String,
-    /// Payload fields (e.g. execution_procedure), all strings.
-    pub payload: BTreeMap<String, String>,
-    pub embedding: Vec<f32>,
-    /// External id; one made only of digits is refused.
-    #[serde(default)]
-    pub id: Option<String>,
-}
-
-impl InsertRequest {
-    pub fn into_node(self) -> NewNode {
-        NewNode {
-            tree: self.tree,
-            attach: match self.attach {
-                AttachIn::Mode(AttachMode::Auto) => Attach::Auto,
-                AttachIn::Mode(AttachMode::Root) => Attach::Root,
-                AttachIn::Parent { parent } => Attach::Parent(parent.into()),
-            },
-            label: match self.label {
-                LabelIn::Success => Label::Success,
-                LabelIn::Failure => Label::Failure,
-            },
-            payload: Payload {
-                scenario: self.scenario,
-                fields: self.payload,
-            },
-            embedding: self.embedding,
-            external_id: self.id,
-        }
-    }
+    pub answers: Vec<QueryReply>,
 }
 
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -183,58 +67,15 @@ pub struct InsertBatchRequest {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct AckMatch {
-    pub id: u32,
-    pub score: f32,
-}
-
-/// Sent once the node is durable.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct AckOut {
-    pub id: u32,
-    pub tree: String,
-    #[serde(rename = "type")]
-    pub node_type: String,
-    pub parent: Option<u32>,
-    pub depth: u8,
-    #[serde(rename = "match")]
-    pub matched: Option<AckMatch>,
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub external_id: Option<String>,
-}
-
-impl AckOut {
-    pub fn new(ack: InsertAck, external_id: Option<String>) -> AckOut {
-        AckOut {
-            id: ack.id,
-            tree: ack.tree,
-            node_type: ack.node_type.as_str().into(),
-            parent: ack.parent,
-            depth: ack.depth,
-            matched: ack.matched.map(|(id, score)| AckMatch { id, score }),
-            external_id,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct AcksOut {
-    pub acks: Vec<AckOut>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct HitOut {
-    pub id: u32,
-    pub success_hits: u32,
-    /// The node is now due for consolidation.
-    pub due: bool,
+    pub acks: Vec<InsertReply>,
 }
 
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RetrievalsRequest {
     /// The nodes of a chain that was used (each counted once).
-    pub ids: Vec<NodeRefIn>,
+    pub ids: Vec<NodeRefJson>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -243,72 +84,11 @@ pub struct RetrievalsOut {
     pub nodes: u32,
 }
 
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ConsolidateRequest {
-    /// The distilled fields of the new root, all strings.
-    pub payload: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct ConsolidateOut {
-    pub source: u32,
-    pub new_root: u32,
-}
-
-/// A node as `deltamem dump` prints it.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct NodeOut {
-    pub id: u32,
-    pub tree: String,
-    #[serde(rename = "type")]
-    pub node_type: String,
-    pub label: String,
-    pub parent: Option<u32>,
-    pub depth: u8,
-    pub success_hits: u32,
-    pub retrievals: u32,
-    pub consolidated: bool,
-    pub consolidated_root: bool,
-    pub scenario: String,
-    pub payload: BTreeMap<String, String>,
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub external_id: Option<String>,
-    /// Consolidated node: its distilled root; consolidated root: its source.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub link: Option<u32>,
-    pub created_unix_ms: u64,
-}
-
-impl NodeOut {
-    pub fn new(bank: &Bank, index: u32) -> Result<NodeOut, BankError> {
-        let node = bank.node(index)?;
-        let row = node.row;
-        Ok(NodeOut {
-            id: index,
-            tree: node.tree_name,
-            node_type: row.node_type.as_str().into(),
-            label: row.label.as_str().into(),
-            parent: row.parent(),
-            depth: row.depth,
-            success_hits: row.success_hits,
-            retrievals: row.retrievals,
-            consolidated: row.is_consolidated(),
-            consolidated_root: row.is_consolidated_root(),
-            scenario: node.payload.scenario,
-            payload: node.payload.fields,
-            external_id: row.external_id_text(),
-            link: row.link(),
-            created_unix_ms: row.created_unix_ms,
-        })
-    }
-}
-
 /// `GET /v1/nodes/{id}`: the dump line plus the node's children.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct NodeDetail {
     #[serde(flatten)]
-    pub node: NodeOut,
+    pub node: NodeReply,
     pub children: Vec<u32>,
 }
 
@@ -385,7 +165,7 @@ pub struct DueOut {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum ChainOut {
-    Nodes { chain: Vec<NodeOut> },
+    Nodes(ChainReply),
     Rendered { chain: Vec<u32>, text: String },
 }
 

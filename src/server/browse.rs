@@ -14,7 +14,7 @@ use futures_util::Stream;
 use include_dir::{Dir, include_dir};
 use serde::Deserialize;
 
-use super::body::{DueOut, NodeList, NodeOut, NodePage, NodeSummary};
+use super::body::{DueOut, NodeList, NodePage, NodeReply, NodeSummary};
 use super::error::{ApiError, ApiResult};
 use super::http::AppState;
 use super::routes::{node_ref, query_params, resolve, tree_name};
@@ -111,7 +111,7 @@ fn dump_chunk(bank: &Bank, tree: u16, range: std::ops::Range<u32>) -> Result<Vec
     let mut out = Vec::new();
     for index in range {
         if bank.row(index)?.tree == tree {
-            let line = NodeOut::new(bank, index)?;
+            let line = NodeReply::read(bank, index, false)?;
             serde_json::to_writer(&mut out, &line).expect("a node serialises");
             out.push(b'\n');
         }

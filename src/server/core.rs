@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use axum::http::StatusCode;
 use tokio::sync::{oneshot, watch};
 
-use super::body::{AckOut, ConsolidateOut, HitOut, MatchOut, QueryAnswer};
+use super::body::{ConsolidateReply, HitReply, InsertReply, QueryReply};
 use super::error::{ApiError, ApiResult};
 use super::metrics::Metrics;
 use crate::bank::{Bank, BankError, NewNode, NodeRef, OpenOptions, QueryOptions, SyncPolicy};
@@ -39,10 +39,10 @@ pub enum WriteOp {
 }
 
 pub enum WriteDone {
-    Inserted(Vec<AckOut>),
-    Hit(HitOut),
+    Inserted(Vec<InsertReply>),
+    Hit(HitReply),
     Retrievals(u32),
-    Consolidated(ConsolidateOut),
+    Consolidated(ConsolidateReply),
 }
 
 struct WriteJob {
@@ -53,7 +53,7 @@ struct WriteJob {
 struct QueryJob {
     embedding: Vec<f32>,
     options: QueryOptions,
-    reply: oneshot::Sender<ApiResult<QueryAnswer>>,
+    reply: oneshot::Sender<ApiResult<QueryReply>>,
 }
 
 #[derive(Default)]
@@ -182,7 +182,7 @@ impl Core {
         tree: &str,
         embedding: Vec<f32>,
         options: QueryOptions,
-    ) -> ApiResult<QueryAnswer> {
+    ) -> ApiResult<QueryReply> {
         self.read()?
             .tree_index(tree)
             .map_err(|e| ApiError::from_bank(e, "tree"))?;
@@ -276,13 +276,8 @@ impl Core {
     }
 }
 
-pub(super) fn answer(bank: &Bank, matches: Vec<crate::bank::Match>) -> ApiResult<QueryAnswer> {
-    let matches = matches
-        .into_iter()
-        .map(|m| MatchOut::new(bank, m))
-        .collect::<Result<_, _>>()
-        .map_err(|e| ApiError::from_bank(e, "embedding"))?;
-    Ok(QueryAnswer { matches })
+pub(super) fn answer(bank: &Bank, matches: Vec<crate::bank::Match>) -> ApiResult<QueryReply> {
+    QueryReply::new(bank, matches).map_err(|e| ApiError::from_bank(e, "embedding"))
 }
 
 fn poisoned_lock() -> ApiError {
@@ -374,7 +369,10 @@ pub(super) fn apply(bank: &mut Bank, op: &WriteOp) -> ApiResult<WriteDone> {
             let ack = bank
                 .insert_with(node.clone(), no_sync)
                 .map_err(|e| ApiError::from_bank(e, "attach"))?;
-            Ok(WriteDone::Inserted(vec![AckOut::new(ack, node.external_id.clone())]))
+            Ok(WriteDone::Inserted(vec![InsertReply::new(
+                ack,
+                node.external_id.clone(),
+            )]))
         }
         WriteOp::Batch(nodes) => {
             let acks = bank
@@ -382,17 +380,16 @@ pub(super) fn apply(bank: &mut Bank, op: &WriteOp) -> ApiResult<WriteDone> {
                 .map_err(|e| ApiError::from_bank(e, "nodes"))?;
             let ids = nodes.iter().map(|n| n.external_id.clone());
             Ok(WriteDone::Inserted(
-                acks.into_iter().zip(ids).map(|(a, id)| AckOut::new(a, id)).collect(),
+                acks.into_iter()
+                    .zip(ids)
+                    .map(|(a, id)| InsertReply::new(a, id))
+                    .collect(),
             ))
         }
         WriteOp::Hit(node) => {
             let index = bank.resolve(node).map_err(|e| ApiError::from_bank(e, "id"))?;
             let ack = bank.success_hit(index).map_err(|e| ApiError::from_bank(e, "id"))?;
-            Ok(WriteDone::Hit(HitOut {
-                id: ack.id,
-                success_hits: ack.success_hits,
-                due: ack.due,
-            }))
+            Ok(WriteDone::Hit(ack.into()))
         }
         WriteOp::Retrievals(nodes) => {
             let indexes = nodes
@@ -410,10 +407,7 @@ pub(super) fn apply(bank: &mut Bank, op: &WriteOp) -> ApiResult<WriteDone> {
             let ack = bank
                 .consolidate(index, fields.clone())
                 .map_err(|e| ApiError::from_bank(e, "payload"))?;
-            Ok(WriteDone::Consolidated(ConsolidateOut {
-                source: ack.source,
-                new_root: ack.new_root,
-            }))
+            Ok(WriteDone::Consolidated(ack.into()))
         }
     }
 }

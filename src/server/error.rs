@@ -59,6 +59,7 @@ fn classify(e: &BankError, field: &str) -> (StatusCode, Option<String>) {
         | BankError::PayloadTooLarge { .. }
         | BankError::BadExternalId { .. }
         | BankError::BadConfig(_)
+        | BankError::BadQueryOption(_)
         | BankError::NotConsolidatable { .. }
         | BankError::TransactionTooLarge { .. }
         | BankError::Tree(_) => named(StatusCode::BAD_REQUEST),
@@ -79,6 +80,8 @@ fn field_of<'a>(e: &BankError, default: &'a str) -> &'a str {
         BankError::PayloadTooLarge { .. } => "payload",
         BankError::BadExternalId { .. } | BankError::DuplicateExternalId { .. } => "id",
         BankError::WrongTree { .. } => "tree",
+        BankError::BadQueryOption(m) if m.starts_with("tau") => "tau",
+        BankError::BadQueryOption(m) if m.starts_with("eps") => "eps",
         _ => default,
     }
 }

@@ -23,7 +23,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::body::{InsertRequest, NodeRefIn, QueryAnswer, StatsOut};
+use super::body::{InsertRequest, NodeRefJson, QueryReply, StatsOut};
 use super::core::{Core, WriteDone, WriteOp, apply};
 use super::error::{ApiError, ApiResult};
 use super::routes::{chain_of, check_embedding};
@@ -34,7 +34,7 @@ pub trait Memory: Send + Sync + 'static {
     fn read<T>(&self, f: impl FnOnce(&Bank) -> ApiResult<T>) -> ApiResult<T>
     where
         Self: Sized;
-    fn query(&self, tree: &str, embedding: Vec<f32>, options: QueryOptions) -> ApiResult<QueryAnswer>;
+    fn query(&self, tree: &str, embedding: Vec<f32>, options: QueryOptions) -> ApiResult<QueryReply>;
     fn write(&self, op: WriteOp) -> ApiResult<WriteDone>;
 }
 
@@ -43,7 +43,7 @@ impl Memory for Arc<Core> {
         f(&*Core::read(self)?)
     }
 
-    fn query(&self, tree: &str, embedding: Vec<f32>, options: QueryOptions) -> ApiResult<QueryAnswer> {
+    fn query(&self, tree: &str, embedding: Vec<f32>, options: QueryOptions) -> ApiResult<QueryReply> {
         tokio::runtime::Handle::current().block_on(Core::query(self, tree, embedding, options))
     }
 
@@ -114,7 +114,7 @@ impl Memory for SharedBank {
         f(&bank)
     }
 
-    fn query(&self, tree: &str, embedding: Vec<f32>, options: QueryOptions) -> ApiResult<QueryAnswer> {
+    fn query(&self, tree: &str, embedding: Vec<f32>, options: QueryOptions) -> ApiResult<QueryReply> {
         self.read(|bank| {
             let found = bank
                 .query(tree, &embedding, &options)
@@ -147,13 +147,13 @@ pub struct QueryParams {
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct NodeParams {
     /// Node index (a number) or external id (a string).
-    pub id: NodeRefIn,
+    pub id: NodeRefJson,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct ChainParams {
     /// Node index (a number) or external id (a string).
-    pub id: NodeRefIn,
+    pub id: NodeRefJson,
     /// Return the chain as prompt-ready text instead of JSON nodes.
     #[serde(default)]
     pub render: bool,
@@ -225,7 +225,7 @@ impl<M: Memory> MemoryTools<M> {
         self.run(move |m| {
             let dim = m.read(|b| Ok(b.dim_count()))?;
             check_embedding(&p.embedding, dim, "embedding")?;
-            match m.write(WriteOp::Insert(p.into_node()))? {
+            match m.write(WriteOp::Insert(p.into()))? {
                 WriteDone::Inserted(mut acks) => Ok(acks.remove(0)),
                 _ => Err(ApiError::unavailable("unexpected answer from the writer")),
             }

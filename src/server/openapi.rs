@@ -48,7 +48,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
         o.response = json!({"content": {kind: {"schema": {"type": "string"}}}});
         o
     };
-    let query = json_content(g.subschema_for::<QueryRequest>());
+    let query = json_content(g.subschema_for::<TreeQuery>());
     let query_batch = json_content(g.subschema_for::<QueryBatchRequest>());
     let insert = json_content(g.subschema_for::<InsertRequest>());
     let batch = json_content(g.subschema_for::<InsertBatchRequest>());
@@ -65,7 +65,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
         op::<VerifyOut>(g, "get", "/v1/verify", "Check every checksum and link"),
         with_params(
             with_body(
-                op::<QueryAnswer>(g, "post", "/v1/trees/{tree}/query", "Top-k matches of one embedding"),
+                op::<QueryReply>(g, "post", "/v1/trees/{tree}/query", "Top-k matches of one embedding"),
                 query,
             ),
             &[TREE],
@@ -94,7 +94,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             &[TREE],
         ),
         with_body(
-            op::<AckOut>(g, "post", "/v1/nodes", "Store one node; answered once durable"),
+            op::<InsertReply>(g, "post", "/v1/nodes", "Store one node; answered once durable"),
             insert,
         ),
         with_body(
@@ -114,12 +114,12 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             &[ID],
         ),
         with_params(
-            op::<HitOut>(g, "post", "/v1/nodes/{id}/hit", "Count one success hit"),
+            op::<HitReply>(g, "post", "/v1/nodes/{id}/hit", "Count one success hit"),
             &[ID],
         ),
         with_params(
             with_body(
-                op::<ConsolidateOut>(
+                op::<ConsolidateReply>(
                     g,
                     "post",
                     "/v1/nodes/{id}/consolidate",

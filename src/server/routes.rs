@@ -139,31 +139,30 @@ pub fn check_embedding(embedding: &[f32], dim: u32, field: &str) -> ApiResult<()
     Ok(())
 }
 
-fn check_options(o: &QueryOptionsIn, limits: &super::http::Limits) -> ApiResult<()> {
-    if o.k.is_some_and(|k| k == 0 || k as usize > limits.page_items) {
-        return Err(ApiError::bad_field(
+/// Bounds the matches one query may ask for (each carries its chain).
+fn check_k(k: usize, limits: &super::http::Limits) -> ApiResult<()> {
+    match k <= limits.page_items {
+        true => Ok(()),
+        false => Err(ApiError::bad_field(
             "k",
-            format!("k must be in 1..={}", limits.page_items),
-        ));
+            format!("k must be at most {}", limits.page_items),
+        )),
     }
-    for (name, v) in [("tau", o.tau), ("eps", o.eps)] {
-        if v.is_some_and(|v| !v.is_finite()) {
-            return Err(ApiError::bad_field(name, format!("{name} must be a finite number")));
-        }
-    }
-    Ok(())
 }
 
 async fn query(
     State(state): State<AppState>,
     tree: Result<Path<String>, PathRejection>,
-    JsonBody(request): JsonBody<QueryRequest>,
-) -> ApiResult<Json<QueryAnswer>> {
+    JsonBody(request): JsonBody<TreeQuery>,
+) -> ApiResult<Json<QueryReply>> {
     let tree = tree_name(tree)?;
-    check_options(&request.options, &state.limits)?;
+    let options = request
+        .options(QUERY_DEFAULTS)
+        .map_err(|e| ApiError::from_bank(e, "k"))?;
+    check_k(options.k, &state.limits)?;
     let dim = state.core.read()?.dim_count();
     check_embedding(&request.embedding, dim, "embedding")?;
-    let answer = state.core.query(&tree, request.embedding, request.options.to_options());
+    let answer = state.core.query(&tree, request.embedding, options);
     let limit = std::time::Duration::from_millis(state.limits.request_ms);
     match tokio::time::timeout(limit, answer).await {
         Ok(result) => result.map(Json),
@@ -179,36 +178,31 @@ async fn query_batch(
     JsonBody(request): JsonBody<QueryBatchRequest>,
 ) -> ApiResult<Json<QueryBatchAnswer>> {
     let tree = tree_name(tree)?;
-    check_options(&request.options, &state.limits)?;
-    if request.embeddings.len() > state.limits.batch_items {
+    let (embeddings, options) = request.into_parts().map_err(|e| ApiError::from_bank(e, "k"))?;
+    check_k(options.k, &state.limits)?;
+    if embeddings.len() > state.limits.batch_items {
         return Err(ApiError::bad_field(
             "embeddings",
             format!(
                 "{} embeddings, the limit is {}",
-                request.embeddings.len(),
+                embeddings.len(),
                 state.limits.batch_items
             ),
         ));
     }
     let dim = state.core.read()?.dim_count();
-    for (i, e) in request.embeddings.iter().enumerate() {
+    for (i, e) in embeddings.iter().enumerate() {
         check_embedding(e, dim, &format!("embeddings[{i}]"))?;
     }
-    let options = request.options.to_options();
     state
         .blocking(move |core| {
             let bank = core.read()?;
             let found = bank
-                .query_batch(&tree, &request.embeddings, &options)
+                .query_batch(&tree, &embeddings, &options)
                 .map_err(|e| ApiError::from_bank(e, "embeddings"))?;
             let mut answers = Vec::with_capacity(found.len());
             for matches in found {
-                let matches = matches
-                    .into_iter()
-                    .map(|m| MatchOut::new(&bank, m))
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| ApiError::from_bank(e, "embeddings"))?;
-                answers.push(QueryAnswer { matches });
+                answers.push(QueryReply::new(&bank, matches).map_err(|e| ApiError::from_bank(e, "embeddings"))?);
             }
             Ok(Json(QueryBatchAnswer { answers }))
         })
@@ -221,7 +215,7 @@ async fn node(State(state): State<AppState>, id: Result<Path<String>, PathReject
         .blocking(move |core| {
             let bank = core.read()?;
             let index = resolve(&bank, &node)?;
-            let detail = NodeOut::new(&bank, index).map_err(|e| ApiError::from_bank(e, "id"))?;
+            let detail = NodeReply::read(&bank, index, false).map_err(|e| ApiError::from_bank(e, "id"))?;
             let children = super::browse::children_of(&bank, index)?;
             Ok(Json(NodeDetail { node: detail, children }))
         })
@@ -250,17 +244,13 @@ async fn chain(
 /// A node's chain, as nodes or rendered (shared with the MCP tool).
 pub fn chain_of(bank: &Bank, node: &NodeRef, render: bool) -> ApiResult<ChainOut> {
     let index = resolve(bank, node)?;
-    let ids = bank.chain(index).map_err(|e| ApiError::from_bank(e, "id"))?;
     if render {
+        let ids = bank.chain(index).map_err(|e| ApiError::from_bank(e, "id"))?;
         let text = bank.render_chain(index).map_err(|e| ApiError::from_bank(e, "id"))?;
         return Ok(ChainOut::Rendered { chain: ids, text });
     }
-    let chain = ids
-        .iter()
-        .map(|&i| NodeOut::new(bank, i))
-        .collect::<Result<_, _>>()
-        .map_err(|e| ApiError::from_bank(e, "id"))?;
-    Ok(ChainOut::Nodes { chain })
+    let chain = ChainReply::read(bank, index).map_err(|e| ApiError::from_bank(e, "id"))?;
+    Ok(ChainOut::Nodes(chain))
 }
 
 fn check_node(state: &AppState, n: &InsertRequest, field: &str) -> ApiResult<u32> {
@@ -269,9 +259,12 @@ fn check_node(state: &AppState, n: &InsertRequest, field: &str) -> ApiResult<u32
     Ok(dim)
 }
 
-async fn insert(State(state): State<AppState>, JsonBody(request): JsonBody<InsertRequest>) -> ApiResult<Json<AckOut>> {
+async fn insert(
+    State(state): State<AppState>,
+    JsonBody(request): JsonBody<InsertRequest>,
+) -> ApiResult<Json<InsertReply>> {
     check_node(&state, &request, "")?;
-    match state.core.write(WriteOp::Insert(request.into_node())).await? {
+    match state.core.write(WriteOp::Insert(request.into())).await? {
         WriteDone::Inserted(mut acks) if acks.len() == 1 => Ok(Json(acks.remove(0))),
         _ => Err(unexpected()),
     }
@@ -294,14 +287,14 @@ async fn insert_batch(
     for (i, n) in request.nodes.iter().enumerate() {
         check_node(&state, n, &format!("nodes[{i}]."))?;
     }
-    let nodes = request.nodes.into_iter().map(InsertRequest::into_node).collect();
+    let nodes = request.nodes.into_iter().map(Into::into).collect();
     match state.core.write(WriteOp::Batch(nodes)).await? {
         WriteDone::Inserted(acks) => Ok(Json(AcksOut { acks })),
         _ => Err(unexpected()),
     }
 }
 
-async fn hit(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> ApiResult<Json<HitOut>> {
+async fn hit(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> ApiResult<Json<HitReply>> {
     match state.core.write(WriteOp::Hit(node_ref(id)?)).await? {
         WriteDone::Hit(h) => Ok(Json(h)),
         _ => Err(unexpected()),
@@ -329,9 +322,9 @@ async fn consolidate(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
     JsonBody(request): JsonBody<ConsolidateRequest>,
-) -> ApiResult<Json<ConsolidateOut>> {
+) -> ApiResult<Json<ConsolidateReply>> {
     let node = node_ref(id)?;
-    match state.core.write(WriteOp::Consolidate(node, request.payload)).await? {
+    match state.core.write(WriteOp::Consolidate(node, request.payload.0)).await? {
         WriteDone::Consolidated(c) => Ok(Json(c)),
         _ => Err(unexpected()),
     }

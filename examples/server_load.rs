@@ -1,0 +1,224 @@
+//! Load benchmark of `deltamem serve` on loopback (docs/SERVER.md).
+//!
+//! Builds a bank of N x 768 random unit vectors (default 100k) with a bulk
+//! load, runs the server in this process on 127.0.0.1 (port chosen by the
+//! OS), and measures, each bounded in count and time:
+//!   - the library call `Bank::query` (the peer the server is compared to);
+//!   - single HTTP queries with 1, 8 and 32 concurrent clients;
+//!   - durable single-node inserts (sync always) with 1, 8 and 32 clients,
+//!     into a second, empty bank.
+//! Prints throughput and p50/p99 latency and checks the targets.
+//!
+//!   cargo run --release --example server_load [-- NODES]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use deltamem::server::{Limits, ServeConfig, serve};
+use deltamem::storage::sim::Rng;
+use deltamem::{Attach, Bank, BankConfig, Change, Label, NewNode, OpenOptions, Payload, QueryOptions, SyncPolicy};
+
+const DIM: usize = 768;
+/// No phase runs longer than this.
+const PHASE_LIMIT: Duration = Duration::from_secs(60);
+
+fn random_unit(rng: &mut Rng) -> Vec<f32> {
+    let v: Vec<f32> = (0..DIM).map(|_| rng.next_f32() - 0.5).collect();
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    v.into_iter().map(|x| x / norm).collect()
+}
+
+fn build_bank(path: &Path, nodes: usize) {
+    let mut bank = Bank::create_dir(path, BankConfig::new(DIM as u32)).unwrap();
+    let mut rng = Rng(7);
+    let mut changes = Vec::with_capacity(nodes);
+    let mut column = Vec::with_capacity(nodes * DIM);
+    for i in 0..nodes {
+        column.extend(random_unit(&mut rng));
+        changes.push(Change::Insert(NewNode {
+            tree: "task".into(),
+            attach: Attach::Root,
+            label: Label::Success,
+            payload: Payload {
+                scenario: format!("node {i}"),
+                fields: BTreeMap::new(),
+            },
+            embedding: Vec::new(),
+            external_id: None,
+        }));
+    }
+    bank.load_column(&changes, &column).unwrap();
+    bank.close().unwrap();
+}
+
+fn start(path: &Path) -> String {
+    let (tx, rx) = mpsc::channel();
+    let config = ServeConfig {
+        bank: path.to_path_buf(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        token: None,
+        threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        sync: SyncPolicy::Always,
+        read_only: false,
+        limits: Limits::default(),
+    };
+    std::thread::spawn(move || serve(config, |addr: SocketAddr| tx.send(addr).unwrap()).unwrap());
+    format!("http://{}", rx.recv().unwrap())
+}
+
+struct Run {
+    seconds: f64,
+    latencies_ms: Vec<f64>,
+}
+
+impl Run {
+    fn pct(&self, p: f64) -> f64 {
+        let mut l = self.latencies_ms.clone();
+        l.sort_by(f64::total_cmp);
+        l[((l.len() - 1) as f64 * p).round() as usize]
+    }
+    fn rate(&self) -> f64 {
+        self.latencies_ms.len() as f64 / self.seconds
+    }
+}
+
+/// `clients` threads each sending up to `per_client` requests made by `body`.
+fn drive(url: &str, clients: usize, per_client: usize, body: impl Fn(usize, usize) -> String + Sync) -> Run {
+    let started = Instant::now();
+    let latencies_ms = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..clients)
+            .map(|c| {
+                let body = &body;
+                scope.spawn(move || {
+                    let agent: ureq::Agent = ureq::Agent::config_builder().build().into();
+                    let mut out = Vec::new();
+                    for i in 0..per_client {
+                        if started.elapsed() > PHASE_LIMIT {
+                            break;
+                        }
+                        let text = body(c, i);
+                        let t = Instant::now();
+                        let mut r = agent
+                            .post(url)
+                            .header("content-type", "application/json")
+                            .send(&text)
+                            .unwrap();
+                        let _ = r.body_mut().read_to_string().unwrap();
+                        out.push(t.elapsed().as_secs_f64() * 1e3);
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    Run {
+        seconds: started.elapsed().as_secs_f64(),
+        latencies_ms,
+    }
+}
+
+fn library_median_ms(path: &Path, queries: &[Vec<f32>]) -> f64 {
+    let mut bank = Bank::open_dir(
+        path,
+        OpenOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    bank.set_query_threads(std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let options = QueryOptions::default();
+    let _ = bank.query("task", &queries[0], &options).unwrap();
+    let mut ms: Vec<f64> = queries
+        .iter()
+        .map(|q| {
+            let t = Instant::now();
+            let m = bank.query("task", q, &options).unwrap();
+            std::hint::black_box(m);
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    ms[ms.len() / 2]
+}
+
+fn main() {
+    let nodes: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(100_000);
+    let dir = tempfile::tempdir().unwrap();
+    let (big, empty) = (dir.path().join("big"), dir.path().join("empty"));
+    build_bank(&big, nodes);
+    Bank::create_dir(&empty, BankConfig::new(DIM as u32))
+        .unwrap()
+        .close()
+        .unwrap();
+    let mut rng = Rng(11);
+    let queries: Vec<Vec<f32>> = (0..64).map(|_| random_unit(&mut rng)).collect();
+    let bodies: Vec<String> = queries
+        .iter()
+        .map(|q| serde_json::json!({"embedding": q}).to_string())
+        .collect();
+    let library_ms = library_median_ms(&big, &queries);
+    println!("bank: {nodes} x {DIM} f32; library Bank::query median {library_ms:.3} ms");
+
+    let base = start(&big);
+    let url = format!("{base}/v1/trees/task/query");
+    let mut query_runs = Vec::new();
+    for clients in [1, 8, 32] {
+        let per_client = (400 / clients).max(20);
+        let run = drive(&url, clients, per_client, |c, i| {
+            bodies[(c * 7 + i) % bodies.len()].clone()
+        });
+        println!(
+            "query  {clients:>2} clients: {:>8.1} q/s  p50 {:>7.3} ms  p99 {:>7.3} ms  ({} queries)",
+            run.rate(),
+            run.pct(0.5),
+            run.pct(0.99),
+            run.latencies_ms.len()
+        );
+        query_runs.push(run);
+    }
+
+    let base = start(&empty);
+    let url = format!("{base}/v1/nodes");
+    let mut insert_runs = Vec::new();
+    for clients in [1, 8, 32] {
+        let per_client = (1600 / clients).clamp(50, 200);
+        let run = drive(&url, clients, per_client, |c, i| {
+            let mut r = Rng((c * 100_000 + i) as u64 + 1);
+            serde_json::json!({"tree": "task", "attach": "root", "label": "SUCCESS",
+                "scenario": format!("c{c} i{i}"), "payload": {}, "embedding": random_unit(&mut r)})
+            .to_string()
+        });
+        println!(
+            "insert {clients:>2} clients: {:>8.1} w/s  p50 {:>7.3} ms  p99 {:>7.3} ms  ({} durable inserts)",
+            run.rate(),
+            run.pct(0.5),
+            run.pct(0.99),
+            run.latencies_ms.len()
+        );
+        insert_runs.push(run);
+    }
+
+    let ratio = insert_runs[2].rate() / insert_runs[0].rate();
+    let p99_ratio = query_runs[2].pct(0.99) / query_runs[0].pct(0.5);
+    let overhead_ms = query_runs[0].pct(0.5) - library_ms;
+    let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
+    println!("targets:");
+    println!(
+        "  32-client durable inserts = {ratio:.1}x the 1-client rate (>= 10x): {}",
+        verdict(ratio >= 10.0)
+    );
+    println!(
+        "  query p99 at 32 clients = {p99_ratio:.2}x the 1-client median (< 5x): {}",
+        verdict(p99_ratio < 5.0)
+    );
+    println!(
+        "  server overhead at 1 client = {overhead_ms:.3} ms over the library median (< 0.3 ms): {}",
+        verdict(overhead_ms < 0.3)
+    );
+    std::process::exit(0);
+}

@@ -1,0 +1,367 @@
+//! `deltamem serve` as a real process on 127.0.0.1: every endpoint, every
+//! error status, authentication, limits, group commit, concurrent writers
+//! checked against a sequential model, slow clients, SIGTERM.
+
+mod server_common;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use server_common::{Server, bank, node, vector};
+
+const DIM: usize = 8;
+
+fn one_hot(i: usize) -> Vec<f32> {
+    let mut v = vec![0.0; DIM];
+    v[i % DIM] = 1.0;
+    v
+}
+
+#[test]
+fn every_endpoint_answers_as_documented() {
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &[]);
+    assert_eq!(server.get("/healthz"), json!({"ok": true}));
+    let info = server.get("/v1/bank");
+    assert_eq!((info["dim"].as_u64(), info["node_count"].as_u64()), (Some(8), Some(0)));
+    assert_eq!(info["trees"][0]["name"], "task");
+
+    let root = server.post("/v1/nodes", &node("task", json!("root"), "boil water", &one_hot(0)));
+    assert_eq!((root["id"].as_u64(), root["type"].as_str()), (Some(0), Some("ROOT")));
+    let mut near = one_hot(0);
+    near[1] = 0.1;
+    let mut child = node("task", json!("auto"), "boil water faster", &near);
+    child["id"] = json!("doc-1");
+    let child = server.post("/v1/nodes", &child);
+    assert_eq!(
+        (child["parent"].as_u64(), child["match"]["id"].as_u64()),
+        (Some(0), Some(0))
+    );
+    let batch = server.post(
+        "/v1/nodes/batch",
+        &json!({"nodes": [node("env", json!("root"), "kitchen", &one_hot(2)),
+                          node("task", json!({"parent": "doc-1"}), "boil water at altitude", &one_hot(0))]}),
+    );
+    assert_eq!(batch["acks"].as_array().unwrap().len(), 2);
+    assert_eq!(batch["acks"][1]["parent"], 1);
+
+    let found = server.post("/v1/trees/task/query", &json!({"embedding": one_hot(0), "k": 3}));
+    let ids: Vec<u64> = found["matches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids[0], 0, "{found}");
+    assert_eq!(ids.len(), 3);
+    let answers = server.post(
+        "/v1/trees/task/query_batch",
+        &json!({"embeddings": [one_hot(0), near], "k": 1}),
+    );
+    assert_eq!(answers["answers"][0]["matches"][0]["id"], 0);
+    assert_eq!(answers["answers"][1]["matches"][0]["id"], 1);
+
+    let by_id = server.get("/v1/nodes/doc-1");
+    assert_eq!((by_id["id"].as_u64(), by_id["children"].clone()), (Some(1), json!([3])));
+    assert_eq!(server.get("/v1/nodes/1")["scenario"], "boil water faster");
+    let chain = server.get("/v1/nodes/3/chain");
+    assert_eq!(chain["chain"], json!([0, 1, 3]));
+    let rendered = server.get("/v1/nodes/3/chain?render=true");
+    assert!(
+        rendered["text"].as_str().unwrap().contains("boil water at altitude"),
+        "{rendered}"
+    );
+    assert_eq!(server.get("/v1/nodes/0/children")["children"][0]["id"], 1);
+    let page = server.get("/v1/trees/task/nodes?offset=1&limit=1");
+    assert_eq!(
+        (page["total"].as_u64(), page["nodes"][0]["id"].as_u64()),
+        (Some(3), Some(1))
+    );
+    assert_eq!(page["nodes"][0]["title"], "boil water faster");
+    let search = server.get("/v1/search?q=ALTITUDE");
+    assert_eq!(search["nodes"][0]["id"], 3);
+    assert_eq!(server.get("/v1/search?q=doc-1")["nodes"][0]["id"], 1);
+
+    let (status, dump) = server.call("GET", "/v1/trees/task/dump", None);
+    assert_eq!(status, 200);
+    let lines: Vec<Value> = dump.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(
+        lines.iter().map(|l| l["id"].as_u64().unwrap()).collect::<Vec<_>>(),
+        vec![0, 1, 3]
+    );
+
+    for expected in 1..=3 {
+        let hit = server.post("/v1/nodes/doc-1/hit", &json!(null));
+        assert_eq!(hit["success_hits"], expected);
+    }
+    assert_eq!(server.get("/v1/due?tree=task")["due"][0]["id"], 1);
+    assert_eq!(
+        server.post("/v1/retrievals", &json!({"ids": [0, "doc-1", 0]}))["nodes"],
+        2
+    );
+    assert_eq!(server.get("/v1/nodes/0")["retrievals"], 1);
+    let done = server.post(
+        "/v1/nodes/1/consolidate",
+        &json!({"payload": {"execution_procedure": "one pot"}}),
+    );
+    assert_eq!(done["source"], 1);
+    assert_eq!(server.get("/v1/due")["due"], json!([]));
+
+    let stats = server.get("/v1/stats");
+    assert_eq!(
+        (stats["nodes"].as_u64(), stats["trees"][0]["consolidated"].as_u64()),
+        (Some(5), Some(1))
+    );
+    assert_eq!(server.get("/v1/verify")["ok"], true);
+    let (status, metrics) = server.call("GET", "/metrics", None);
+    assert_eq!(status, 200);
+    assert!(metrics.contains("deltamem_nodes{tree=\"task\"} 4"), "{metrics}");
+    assert!(
+        metrics.contains("deltamem_http_requests_total{route=\"/v1/nodes\",status=\"200\"} 2"),
+        "{metrics}"
+    );
+    let openapi = server.get("/openapi.json");
+    assert!(openapi["paths"]["/v1/trees/{tree}/query"]["post"]["requestBody"].is_object());
+    assert!(
+        openapi["components"]["schemas"]["InsertRequest"].is_object(),
+        "{}",
+        openapi["components"]
+    );
+    let (status, page) = server.call("GET", "/", None);
+    assert_eq!(status, 200);
+    assert!(page.contains("<html"), "{page}");
+    assert_eq!(server.terminate(), 0);
+}
+
+#[test]
+fn every_error_status_names_the_problem() {
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &["--max-body-bytes", "4096", "--max-batch", "2"]);
+    server.post("/v1/nodes", &node("task", json!("root"), "a", &one_hot(0)));
+    let insert = |patch: Value| {
+        let mut n = node("task", json!("root"), "b", &one_hot(1));
+        n.as_object_mut().unwrap().extend(patch.as_object().unwrap().clone());
+        n.to_string()
+    };
+    let e = server.fails("POST", "/v1/nodes", Some(&insert(json!({"embedding": [1, 2]}))), 400);
+    assert_eq!(e["field"], "embedding", "{e}");
+    let e = server.fails("POST", "/v1/nodes", Some(&insert(json!({"colour": "red"}))), 400);
+    assert!(e["error"].as_str().unwrap().contains("colour"), "{e}");
+    let e = server.fails("POST", "/v1/nodes", Some(&insert(json!({"scenario": ""}))), 400);
+    assert_eq!(e["field"], "scenario", "{e}");
+    let e = server.fails("POST", "/v1/nodes", Some(&insert(json!({"label": "MAYBE"}))), 400);
+    assert_eq!(e["field"], "label", "{e}");
+    server.fails("POST", "/v1/nodes", Some("{\"tree\": "), 400);
+    server.fails("POST", "/v1/nodes", Some("[1]"), 400);
+    let deep = format!("{}{}", "[".repeat(40), "]".repeat(40));
+    let e = server.fails(
+        "POST",
+        "/v1/trees/task/query",
+        Some(&format!("{{\"embedding\": {deep}}}")),
+        400,
+    );
+    assert!(e["error"].as_str().unwrap().contains("nested"), "{e}");
+    let e = server.fails(
+        "POST",
+        "/v1/trees/task/query",
+        Some(&json!({"embedding": one_hot(0), "tau": 7}).to_string()),
+        400,
+    );
+    assert!(e["error"].as_str().unwrap().contains("tau"), "{e}");
+    let e = server.fails(
+        "POST",
+        "/v1/trees/task/query",
+        Some(&json!({"embedding": vec![0.0; DIM]}).to_string()),
+        400,
+    );
+    assert_eq!(e["field"], "embedding");
+    let three = json!({"embeddings": [one_hot(0), one_hot(1), one_hot(2)]}).to_string();
+    let e = server.fails("POST", "/v1/trees/task/query_batch", Some(&three), 400);
+    assert_eq!(e["field"], "embeddings");
+    let big = json!({"embedding": vec![0.123456789f32; 600]}).to_string();
+    server.fails("POST", "/v1/trees/task/query", Some(&big), 413);
+
+    server.fails(
+        "POST",
+        "/v1/trees/nope/query",
+        Some(&json!({"embedding": one_hot(0)}).to_string()),
+        404,
+    );
+    server.fails("GET", "/v1/nodes/99", None, 404);
+    server.fails("GET", "/v1/nodes/no-such-id", None, 404);
+    server.fails("POST", "/v1/nodes/99/hit", Some(""), 404);
+    server.fails("GET", "/v1/trees/nope/nodes", None, 404);
+    let (status, _) = server.call("GET", "/v1/no/such/route", None);
+    assert_eq!(status, 404);
+    let (status, _) = server.call("GET", "/v1/nodes/batch", None);
+    assert_eq!(status, 405);
+    let (status, _) = server.call("POST", "/v1/stats", Some("{}"));
+    assert_eq!(status, 405);
+
+    let mut child = node("task", json!({"parent": 0}), "c", &one_hot(0));
+    child["id"] = json!("kid");
+    server.post("/v1/nodes", &child);
+    let e = server.fails("POST", "/v1/nodes", Some(&child.to_string()), 409);
+    assert_eq!(e["field"], "id", "{e}");
+    let fields = json!({"payload": {"execution_procedure": "x"}}).to_string();
+    server.post("/v1/nodes/kid/consolidate", &serde_json::from_str(&fields).unwrap());
+    server.fails("POST", "/v1/nodes/kid/consolidate", Some(&fields), 409);
+    // Nothing refused was stored.
+    assert_eq!(server.get("/v1/bank")["node_count"], 3);
+    assert_eq!(server.get("/v1/verify")["ok"], true);
+}
+
+#[test]
+fn a_token_guards_every_request() {
+    let (dir, path) = bank(DIM as u32);
+    let token_file = dir.path().join("token");
+    let token = "a-long-enough-secret-token";
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let mut server = Server::start(&path, &["--token-file", token_file.to_str().unwrap()]);
+    for (method, route) in [
+        ("GET", "/healthz"),
+        ("GET", "/v1/bank"),
+        ("GET", "/"),
+        ("POST", "/v1/nodes"),
+    ] {
+        let (status, _) = server.call_with(method, route, Some("{}"), None);
+        assert_eq!(status, 401, "{route} without a token");
+        let (status, _) = server.call_with(method, route, Some("{}"), Some("a-long-enough-secret-tokeN"));
+        assert_eq!(status, 401, "{route} with a wrong token");
+    }
+    server.token = Some(token.into());
+    assert_eq!(server.get("/healthz")["ok"], true);
+    server.post("/v1/nodes", &node("task", json!("root"), "a", &one_hot(0)));
+
+    // Beyond loopback, no token: refuses to start.
+    let out = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+        .args(["serve", path.to_str().unwrap(), "--listen", "0.0.0.0:0"])
+        .env_remove("DELTAMEM_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("token"));
+}
+
+/// Writers on many threads, readers beside them: every acknowledged node
+/// is there with its content, every counter equals the acknowledged hits,
+/// and the writes shared fsyncs.
+#[test]
+fn concurrent_writers_match_a_sequential_model() {
+    const THREADS: u64 = 8;
+    const NODES_PER_THREAD: u64 = 25;
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &[]);
+    let target = server.post("/v1/nodes", &node("env", json!("root"), "shared", &one_hot(7)))["id"]
+        .as_u64()
+        .unwrap();
+    let acked: Vec<Vec<(u64, String, Vec<f32>)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let server = &server;
+                scope.spawn(move || {
+                    let mut mine = Vec::new();
+                    for i in 0..NODES_PER_THREAD {
+                        let v = vector(DIM, t * 1000 + i);
+                        let scenario = format!("thread {t} node {i}");
+                        let ack = server.post("/v1/nodes", &node("task", json!("root"), &scenario, &v));
+                        mine.push((ack["id"].as_u64().unwrap(), scenario, v));
+                        server.post(&format!("/v1/nodes/{target}/hit"), &json!(null));
+                        let q = server.post("/v1/trees/task/query", &json!({"embedding": mine.last().unwrap().2}));
+                        assert!(q["matches"].as_array().is_some_and(|m| !m.is_empty()));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut model = BTreeMap::new();
+    for (id, scenario, v) in acked.into_iter().flatten() {
+        assert!(model.insert(id, (scenario, v)).is_none(), "id {id} acknowledged twice");
+    }
+    assert_eq!(model.len() as u64, THREADS * NODES_PER_THREAD);
+    for (id, (scenario, v)) in &model {
+        assert_eq!(server.get(&format!("/v1/nodes/{id}"))["scenario"], scenario.as_str());
+        let best = server.post("/v1/trees/task/query", &json!({"embedding": v}));
+        assert_eq!(best["matches"][0]["id"].as_u64(), Some(*id), "query by its own vector");
+    }
+    let hits = server.get(&format!("/v1/nodes/{target}"))["success_hits"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(hits, THREADS * NODES_PER_THREAD);
+    let (_, metrics) = server.call("GET", "/metrics", None);
+    let syncs = metric(&metrics, "deltamem_wal_syncs_total");
+    let writes = metric(&metrics, "deltamem_writes_total");
+    assert_eq!(writes, 1 + 2 * THREADS * NODES_PER_THREAD);
+    assert!(
+        syncs < writes,
+        "group commit shares fsyncs: {syncs} syncs for {writes} writes"
+    );
+    assert_eq!(server.terminate(), 0);
+    let out = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+        .args(["verify", path.to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("{name} not in {text}"))
+}
+
+/// A client that sends half a body and stalls gets 408 after the time
+/// limit; others are served meanwhile; the bank is untouched.
+#[test]
+fn a_slow_client_blocks_no_one() {
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &["--request-timeout-ms", "1500"]);
+    let address = server.base.trim_start_matches("http://").to_string();
+    let mut slow = TcpStream::connect(&address).unwrap();
+    let body = node("task", json!("root"), "slow", &one_hot(0)).to_string();
+    let head = format!(
+        "POST /v1/nodes HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    slow.write_all(head.as_bytes()).unwrap();
+    slow.write_all(&body.as_bytes()[..body.len() / 2]).unwrap();
+    for i in 0..5 {
+        server.post(
+            "/v1/nodes",
+            &node("task", json!("root"), &format!("fast {i}"), &one_hot(i + 1)),
+        );
+    }
+    slow.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut answer = String::new();
+    let _ = slow.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert_eq!(server.get("/v1/bank")["node_count"], 5);
+}
+
+#[test]
+fn sigterm_checkpoints_and_exits_zero() {
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &[]);
+    for i in 0..10 {
+        server.post(
+            "/v1/nodes",
+            &node("task", json!("auto"), &format!("n{i}"), &vector(DIM, i)),
+        );
+    }
+    assert_eq!(server.terminate(), 0);
+    let out = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+        .args(["stats", path.to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    let stats: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (stats["nodes"].as_u64(), stats["checkpointed_nodes"].as_u64()),
+        (Some(10), Some(10))
+    );
+}
