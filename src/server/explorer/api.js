@@ -22,7 +22,10 @@ async function call(method, path, body) {
 }
 
 const enc = encodeURIComponent;
-const SUMMARY_PAGE = 5000;
+// The server's page limit (docs/SERVER.md: at most 1000 items a page).
+const SUMMARY_PAGE = 1000;
+// Pages asked for at once after the first.
+const PAGE_CONCURRENCY = 4;
 
 export const api = {
   bank: () => call('GET', '/v1/bank'),
@@ -38,18 +41,23 @@ export const api = {
     call('GET', `/v1/trees/${enc(tree)}/nodes?offset=${offset}&limit=${limit}`),
 };
 
-// Every node summary of a tree from `offset` on, page by page (bounded by
-// the total the server reports, so a growing tree cannot loop forever).
+// Every node summary of a tree from `offset` on. The first page gives the
+// total; the other pages are asked for a few at a time and put back in
+// order. Nodes added meanwhile are left for the next refresh.
 export async function treeSummaries(tree, offset = 0) {
   const first = await api.nodesPage(tree, offset, SUMMARY_PAGE);
-  const nodes = first.nodes.slice();
-  const pages = Math.ceil(Math.max(0, first.total - offset) / SUMMARY_PAGE);
-  for (let page = 1; page < pages && nodes.length + offset < first.total; page++) {
-    const next = await api.nodesPage(tree, offset + nodes.length, SUMMARY_PAGE);
-    if (next.nodes.length === 0) break;
-    nodes.push(...next.nodes);
-  }
-  return nodes;
+  const offsets = [];
+  for (let at = offset + first.nodes.length; first.nodes.length > 0 && at < first.total; at += SUMMARY_PAGE) offsets.push(at);
+  const pages = new Array(offsets.length);
+  let next = 0;
+  const worker = async () => {
+    while (next < offsets.length) {
+      const slot = next++;
+      pages[slot] = (await api.nodesPage(tree, offsets[slot], SUMMARY_PAGE)).nodes;
+    }
+  };
+  await Promise.all(Array.from({ length: PAGE_CONCURRENCY }, worker));
+  return first.nodes.concat(...pages);
 }
 
 // A node's stored (normalised) embedding, for "find its neighbours".
