@@ -254,11 +254,19 @@ pub async fn due(
 /// Server-sent events: `change` after each commit round.
 pub async fn events(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let rx = state.core.changes();
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.changed().await.ok()?;
+    let stream = futures_util::stream::unfold((rx, state.stopping), |(mut rx, stopping)| async move {
+        // The stream ends when the server stops, so that an open page does
+        // not hold up graceful shutdown.
+        tokio::select! {
+            changed = rx.changed() => changed.ok()?,
+            _ = stopping.cancelled() => return None,
+        }
         let change = *rx.borrow_and_update();
         let data = serde_json::json!({"node_count": change.node_count, "last_lsn": change.last_lsn});
-        Some((Ok(Event::default().event("change").data(data.to_string())), rx))
+        Some((
+            Ok(Event::default().event("change").data(data.to_string())),
+            (rx, stopping),
+        ))
     });
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }

@@ -49,6 +49,9 @@ pub struct AppState {
     pub limits: Arc<Limits>,
     /// Bearer token every request must carry (None: no authentication).
     pub token: Option<Arc<String>>,
+    /// Cancelled on SIGTERM/SIGINT: long-lived responses (the event
+    /// stream) end on it, or graceful shutdown would wait for them forever.
+    pub stopping: tokio_util::sync::CancellationToken,
 }
 
 impl AppState {

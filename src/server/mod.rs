@@ -4,6 +4,8 @@
 //! commit, query batching), `routes`/`browse` map HTTP onto it, `mcp`
 //! exposes the same operations as MCP tools.
 
+#[cfg(feature = "agent")]
+mod agent;
 pub mod body;
 mod browse;
 mod core;
@@ -85,12 +87,13 @@ async fn run(config: ServeConfig, core: Arc<Core>, ready: impl FnOnce(SocketAddr
         .await
         .map_err(io(format!("cannot listen on {}", config.listen)))?;
     let bound = listener.local_addr().map_err(io("cannot read the bound address"))?;
+    let cancel = tokio_util::sync::CancellationToken::new();
     let state = http::AppState {
         core: core.clone(),
         limits: Arc::new(config.limits.clone()),
         token: config.token.map(Arc::new),
+        stopping: cancel.clone(),
     };
-    let cancel = tokio_util::sync::CancellationToken::new();
     let mcp = mcp::http_service(core, &bound, cancel.clone());
     let app = http::router(state, mcp);
     ready(bound);
