@@ -203,6 +203,7 @@ test('ask the memory shows what `deltamem retrieve` returns (feature agent)', as
     }
     await page.screenshot({ path: screenshotPath('ask-retrieve') });
   } finally {
+    // Stopped while the page is still open on it, listening to /v1/events.
     await agentServer.stop();
     fs.rmSync(agentBank.dir, { recursive: true, force: true });
   }

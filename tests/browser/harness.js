@@ -12,6 +12,7 @@ export const DELTAMEM = process.env.DELTAMEM_BIN || path.join(REPO, 'target/rele
 export const ARTIFACTS = path.join(REPO, 'target/browser-artifacts');
 const REFERENCE = path.join(REPO, 'tests/fixtures/reference');
 const SERVER_START_MS = 30000;
+const SERVER_STOP_MS = 10000;
 
 // Run from the repository root, where the agent looks for ./assets.
 export function cli(args, input) {
@@ -96,9 +97,19 @@ export async function startServer(bank) {
       await new Promise((r) => setTimeout(r, 100));
     }
   }
-  const stop = () => new Promise((resolve) => {
+  // SIGTERM must stop the server even while a page holds its event
+  // stream open; if it has not exited in time it is killed and the test
+  // that stopped it fails.
+  const stop = () => new Promise((resolve, reject) => {
     if (child.exitCode !== null) return resolve();
-    child.on('exit', resolve);
+    const timer = setTimeout(() => {
+      child.kill('SIGKILL');
+      reject(new Error(`deltamem serve was still running ${SERVER_STOP_MS} ms after SIGTERM`));
+    }, SERVER_STOP_MS);
+    child.on('exit', () => {
+      clearTimeout(timer);
+      resolve();
+    });
     child.kill('SIGTERM');
   });
   return { url, stop, child };
