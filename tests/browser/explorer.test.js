@@ -48,7 +48,10 @@ test('overview shows every tree with the counts of `stats --json`', async () => 
     }
     assert.equal(await card.locator('rect.bar').count(), tree.depth_histogram.length);
   }
-  assert.match(await page.locator('.bank-card').textContent(), new RegExp(`LSN ${stats.checkpoint_lsn}`));
+  const card = await page.locator('.bank-card').textContent();
+  assert.match(card, new RegExp(`LSN ${stats.checkpoint_lsn}`));
+  assert.match(card, new RegExp(`ε ${stats.eps} · max depth ${stats.max_depth} · consolidate after ${stats.consolidate_after} hits`));
+  assert.match(card, new RegExp(`bytes per node${Math.round(stats.bytes_per_node.total)} total`));
   await page.screenshot({ path: screenshotPath('overview') });
 });
 

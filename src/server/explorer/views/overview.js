@@ -19,14 +19,23 @@ function treeCard(tree) {
     h('div.chart-box', {}, h('div.muted', {}, 'depth histogram'), barChart(histogram, { width: 300, height: 150, xTitle: 'depth' })));
 }
 
+// Bytes per node from the file sizes when the stats do not carry them
+// (the server's /v1/stats has the sizes only).
+function perNode(stats) {
+  if (stats.bytes_per_node) return stats.bytes_per_node;
+  const n = Math.max(1, stats.nodes);
+  const [vectors, table, payload] = [stats.vector_bytes / n, stats.table_bytes / n, stats.payload_bytes / n];
+  return { vectors, table, payload, total: vectors + table + payload };
+}
+
 function bankCard(stats, bank) {
-  const per = stats.bytes_per_node || {};
+  const per = perNode(stats);
   const rows = [
     ['nodes', stats.nodes],
-    ['dimension', `${stats.dim} (${stats.precision}, scan kernel ${stats.kernel ?? '—'})`],
-    ['thresholds', `ε ${stats.eps} · max depth ${stats.max_depth} · consolidate after ${stats.consolidate_after} hits`],
-    ['trees', (bank.trees || stats.trees).map((t) => `${t.name} (τ ${t.tau})`).join(', ')],
-    ['bytes per node', `${Math.round(per.total ?? 0)} total: vectors ${Math.round(per.vectors ?? 0)}, table ${Math.round(per.table ?? 0)}, payloads ${Math.round(per.payload ?? 0)}`],
+    ['dimension', `${stats.dim} (${stats.precision}${stats.kernel ? `, scan kernel ${stats.kernel}` : ''})`],
+    ['thresholds', `ε ${bank.eps} · max depth ${bank.max_depth} · consolidate after ${bank.consolidate_after} hits`],
+    ['trees', bank.trees.map((t) => `${t.name} (τ ${t.tau})`).join(', ')],
+    ['bytes per node', `${Math.round(per.total)} total: vectors ${Math.round(per.vectors)}, table ${Math.round(per.table)}, payloads ${Math.round(per.payload)}`],
     ['files', `vectors ${formatBytes(stats.vector_bytes)}, table ${formatBytes(stats.table_bytes)}, payloads ${formatBytes(stats.payload_bytes)}`],
     ['WAL', formatBytes(stats.wal_bytes)],
     ['last checkpoint', `LSN ${stats.checkpoint_lsn} (${stats.checkpointed_nodes ?? '—'} nodes in the data files)`],
@@ -36,14 +45,14 @@ function bankCard(stats, bank) {
     h('table.kv', {}, h('tbody', {}, rows.map(([k, v]) => h('tr', {}, h('th', {}, k), h('td', {}, String(v)))))));
 }
 
-export async function render(container, _args, state) {
-  const draw = async (bank) => {
-    const stats = await api.stats();
+export async function render(container) {
+  const draw = async () => {
+    const [stats, bank] = await Promise.all([api.stats(), api.bank()]);
     container.replaceChildren(
       h('h2', {}, 'Overview'),
-      h('div.cards', {}, bankCard(stats, bank || state.bank), ...stats.trees.map(treeCard)),
+      h('div.cards', {}, bankCard(stats, bank), ...stats.trees.map(treeCard)),
       legend());
   };
-  await draw(state.bank);
+  await draw();
   return { refresh: draw };
 }
