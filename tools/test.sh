@@ -4,6 +4,7 @@
 #   Rust: every test, the agent ones included (DELTAMEM_REQUIRE_ASSETS=1
 #   makes a missing asset a failure rather than a skip)
 #   Python: the package's pytest suite in .venv/ (made by tools/setup.sh)
+#   Browser: the explorer page in headless Chromium
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,3 +30,14 @@ DELTAMEM_BIN=target/release/deltamem .venv/bin/python -m pytest -q tests/python_
 step "server: schemathesis against /openapi.json"
 tools/server-schemathesis.sh
 # -----------------------------------------------------------------------
+
+# The explorer page in headless Chromium (tests/browser/explorer.test.js):
+# each run builds a bank from the reference ScienceWorld trees, starts
+# `deltamem serve` on a random port of 127.0.0.1 and stops it at the end.
+# The binary is built with the agent feature so that "ask the memory" is
+# also checked against `retrieve` (a server without it fails the test under
+# DELTAMEM_REQUIRE_ASSETS=1). Screenshots of every page land in
+# target/browser-artifacts/.
+step "browser (explorer in headless Chromium)"
+cargo build --release --quiet --features agent
+(cd tests/browser && DELTAMEM_REQUIRE_ASSETS=1 npm test)

@@ -313,9 +313,21 @@ pub fn retrieve(
     env_text: &str,
 ) -> Result<Retrieval, AgentError> {
     let bank = open_reader(config)?;
-    check_dim(&bank, embedder)?;
-    let task = best_match(config, embedder, &bank, &config.task_tree, task_text)?;
-    let env = best_match(config, embedder, &bank, &config.env_tree, env_text)?;
+    retrieve_in(&bank, config, embedder, task_text, env_text)
+}
+
+/// `retrieve` on a bank the caller has open (the server's own handle);
+/// `config.bank` is not used.
+pub fn retrieve_in(
+    bank: &Bank,
+    config: &AgentConfig,
+    embedder: &mut dyn Embedder,
+    task_text: &str,
+    env_text: &str,
+) -> Result<Retrieval, AgentError> {
+    check_dim(bank, embedder)?;
+    let task = best_match(config, embedder, bank, &config.task_tree, task_text)?;
+    let env = best_match(config, embedder, bank, &config.env_tree, env_text)?;
     let context = render_context(&config.profile, task.as_ref(), env.as_ref());
     Ok(Retrieval { context, task, env })
 }

@@ -84,7 +84,8 @@ pub struct RetrievalsOut {
     pub nodes: u32,
 }
 
-/// `GET /v1/nodes/{id}`: the dump line plus the node's children.
+/// `GET /v1/nodes/{id}`: the dump line (with `?embedding=true` its
+/// vector too) plus the node's children.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct NodeDetail {
     #[serde(flatten)]

@@ -4,6 +4,8 @@
 //! commit, query batching), `routes`/`browse` map HTTP onto it, `mcp`
 //! exposes the same operations as MCP tools.
 
+#[cfg(feature = "agent")]
+mod agent;
 pub mod body;
 mod browse;
 mod core;

@@ -18,7 +18,10 @@ use crate::bank::{Bank, NodeRef};
 use axum::Json;
 
 pub fn api() -> Router<AppState> {
-    Router::new()
+    let router = Router::new();
+    #[cfg(feature = "agent")]
+    let router = router.route("/v1/retrieve", post(super::agent::retrieve));
+    router
         .route("/healthz", get(|| async { Json(HealthOut { ok: true }) }))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(|| async { Json(super::openapi::document()) }))
@@ -209,13 +212,27 @@ async fn query_batch(
         .await
 }
 
-async fn node(State(state): State<AppState>, id: Result<Path<String>, PathRejection>) -> ApiResult<Json<NodeDetail>> {
+/// `?embedding=true` adds the stored vector (the explorer's "neighbours
+/// of a node").
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeParams {
+    #[serde(default)]
+    embedding: bool,
+}
+
+async fn node(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    params: Result<Query<NodeParams>, QueryRejection>,
+) -> ApiResult<Json<NodeDetail>> {
     let node = node_ref(id)?;
+    let with_embedding = query_params(params)?.embedding;
     state
         .blocking(move |core| {
             let bank = core.read()?;
             let index = resolve(&bank, &node)?;
-            let detail = NodeReply::read(&bank, index, false).map_err(|e| ApiError::from_bank(e, "id"))?;
+            let detail = NodeReply::read(&bank, index, with_embedding).map_err(|e| ApiError::from_bank(e, "id"))?;
             let children = super::browse::children_of(&bank, index)?;
             Ok(Json(NodeDetail { node: detail, children }))
         })
