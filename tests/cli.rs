@@ -732,9 +732,9 @@ fn init_errors_name_the_real_range() {
         (
             "--rows-per-segment",
             "1048577",
-            "rows per segment 1048577 outside 1..=1048576",
+            "rows per segment 1048577 outside 1024..=1048576",
         ),
-        ("--rows-per-segment", "0", "rows per segment 0 outside 1..=1048576"),
+        ("--rows-per-segment", "0", "rows per segment 0 outside 1024..=1048576"),
         ("--eps=-1", "", "eps -1 must be finite and >= 0"),
         ("--consolidate-after", "0", "consolidate-after 0 must be at least 1"),
     ] {

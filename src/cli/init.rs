@@ -119,16 +119,21 @@ struct BankOut<'a> {
 /// (`MAX_SEGMENT_COUNT`) would leave the bank room for few nodes; the
 /// library accepts them (tests use many small segments).
 fn check_rows_per_segment(args: &InitArgs) -> anyhow::Result<()> {
+    use deltamem::format::manifest::MAX_ROWS_PER_SEGMENT;
     use deltamem::format::{INIT_MIN_ROWS_PER_SEGMENT, MAX_SEGMENT_COUNT, node_capacity};
-    if let Some(rows) = args.rows_per_segment.filter(|&r| r < INIT_MIN_ROWS_PER_SEGMENT) {
-        anyhow::bail!(
-            "--rows-per-segment {rows} is below {INIT_MIN_ROWS_PER_SEGMENT}: a bank may have at most \
-             {MAX_SEGMENT_COUNT} segments (each one maps files, and a process may map only so many), \
-             so it could hold only {} nodes",
+    let range = INIT_MIN_ROWS_PER_SEGMENT..=MAX_ROWS_PER_SEGMENT;
+    let Some(rows) = args.rows_per_segment.filter(|r| !range.contains(r)) else {
+        return Ok(());
+    };
+    let mut message = format!("rows per segment {rows} outside {INIT_MIN_ROWS_PER_SEGMENT}..={MAX_ROWS_PER_SEGMENT}");
+    if rows < INIT_MIN_ROWS_PER_SEGMENT {
+        message += &format!(
+            ": below {INIT_MIN_ROWS_PER_SEGMENT}, a bank (at most {MAX_SEGMENT_COUNT} segments: each one maps \
+             files, and a process may map only so many) could hold only {} nodes",
             node_capacity(rows)
         );
     }
-    Ok(())
+    anyhow::bail!(message)
 }
 
 pub fn run(path: &Path, args: InitArgs) -> anyhow::Result<Status> {
