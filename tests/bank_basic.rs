@@ -766,7 +766,6 @@ fn verify_beside_a_running_writer_never_reports_a_record_being_written() {
 /// the message of the error below it.
 #[test]
 fn errors_do_not_repeat_their_cause() {
-    use std::error::Error;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("plain-file");
     std::fs::write(&file, b"x").unwrap();
@@ -780,18 +779,46 @@ fn errors_do_not_repeat_their_cause() {
         .err()
         .expect("opened a zeroed MANIFEST");
     for top in [&io, &corrupt] {
-        let mut level: &dyn Error = top;
-        let mut chain = vec![level.to_string()];
-        while let Some(next) = level.source() {
-            let (text, below) = (level.to_string(), next.to_string());
-            assert!(
-                !text.contains(&below),
-                "{chain:?}: {text:?} repeats its cause {below:?}"
-            );
-            chain.push(below);
-            level = next;
-        }
+        error_chain(top);
     }
+}
+
+/// The messages of `top` and its sources, checking on the way that no
+/// message contains the one below it.
+fn error_chain(top: &dyn std::error::Error) -> Vec<String> {
+    let mut level = top;
+    let mut chain = vec![level.to_string()];
+    while let Some(next) = level.source() {
+        let (text, below) = (level.to_string(), next.to_string());
+        assert!(
+            !text.contains(&below),
+            "{chain:?}: {text:?} repeats its cause {below:?}"
+        );
+        chain.push(below);
+        level = next;
+    }
+    chain
+}
+
+/// Issue 11: a refused batch read "batch item 1: X: X" as a chain, because
+/// the item's error was both in its message and its `source()`. Printed
+/// as anyhow's `{:#}` does, the cause appears exactly once.
+#[test]
+fn batch_item_errors_do_not_repeat_their_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bank = Bank::create_dir(dir.path(), config(4)).unwrap();
+    let nodes = vec![
+        node("task", Attach::Root, Label::Success, "a", unit(4, 0)),
+        node("task", Attach::Root, Label::Success, "b", vec![0.0; 4]),
+    ];
+    let err = bank.insert_batch(&nodes, None).unwrap_err();
+    let BankError::BatchItem { position: 1, error } = &err else {
+        panic!("expected batch item 1, got {err:?}");
+    };
+    let cause = error.to_string();
+    let printed = error_chain(&err).join(": ");
+    assert_eq!(printed.matches(&cause).count(), 1, "{printed}");
+    assert_eq!(printed, format!("batch item 1: {cause}"));
 }
 
 /// `freeze OUT` says precisely why an existing OUT is refused, and never

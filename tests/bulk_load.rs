@@ -161,9 +161,9 @@ fn a_load_is_all_or_nothing_and_names_the_bad_item() {
     ];
     for (changes, position, says) in cases {
         match bank.load(changes) {
-            Err(BankError::BatchItem { position: p, source }) => {
-                assert_eq!(p, position, "{source}");
-                assert!(source.to_string().contains(says), "{source}");
+            Err(BankError::BatchItem { position: p, error }) => {
+                assert_eq!(p, position, "{error}");
+                assert!(error.to_string().contains(says), "{error}");
             }
             other => panic!("expected a batch item error, got {other:?}"),
         }
@@ -192,8 +192,8 @@ fn a_column_must_fit_the_changes() {
     let mut both = stripped.clone();
     both[1] = inserts(1..2).remove(0);
     match bank.load_column(&both, &column) {
-        Err(BankError::BatchItem { position: 1, source }) => {
-            assert!(matches!(*source, BankError::BadEmbedding(_)), "{source}")
+        Err(BankError::BatchItem { position: 1, error }) => {
+            assert!(matches!(*error, BankError::BadEmbedding(_)), "{error}")
         }
         other => panic!("expected a batch item error, got {other:?}"),
     }

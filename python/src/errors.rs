@@ -97,9 +97,9 @@ fn classify(e: &BankError, details: &mut Details) -> Kind {
         BankError::NotABank { .. } | BankError::UnknownTree { .. } | BankError::UnknownNode(_) => Kind::NotFound,
         BankError::ReadOnly(_) => Kind::ReadOnly,
         BankError::Poisoned(_) => Kind::Poisoned,
-        BankError::BatchItem { position, source } => {
+        BankError::BatchItem { position, error } => {
             details.position = Some(*position);
-            classify(source, details)
+            classify(error, details)
         }
         _ => Kind::Invalid,
     }

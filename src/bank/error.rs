@@ -76,8 +76,11 @@ pub enum BankError {
     },
     #[error(transparent)]
     Tree(#[from] TreeError),
-    #[error("batch item {position}: {source}")]
-    BatchItem { position: usize, source: Box<BankError> },
+    /// The change at `position` was refused; the field is not named
+    /// `source` so the cause is printed once, in this message, and not
+    /// again as the error's `source()`.
+    #[error("batch item {position}: {error}")]
+    BatchItem { position: usize, error: Box<BankError> },
 }
 
 impl BankError {

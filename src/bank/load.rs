@@ -89,7 +89,7 @@ fn check_loadable(changes: &[Change], column: bool) -> Result<(), BankError> {
         };
         return Err(BankError::BatchItem {
             position,
-            source: Box::new(refused),
+            error: Box::new(refused),
         });
     }
     Ok(())

@@ -244,7 +244,7 @@ impl Bank {
                 self.unstage(txn)?;
                 return Err(BankError::BatchItem {
                     position,
-                    source: Box::new(e),
+                    error: Box::new(e),
                 });
             }
         }

@@ -258,8 +258,8 @@ impl<W: Write> Session<W> {
                 }
                 Ok(())
             }
-            Err(BankError::BatchItem { position, source }) if is_input_error(&source) => {
-                let message = row_message(ctx.npy, ctx.meta, rows[position], &source.to_string());
+            Err(BankError::BatchItem { position, error }) if is_input_error(&error) => {
+                let message = row_message(ctx.npy, ctx.meta, rows[position], &error.to_string());
                 self.reject(&rows, &message, ctx.progress);
                 Ok(())
             }

@@ -63,8 +63,8 @@ fn classify(e: &BankError, field: &str) -> (StatusCode, Option<String>) {
         | BankError::NotConsolidatable { .. }
         | BankError::TransactionTooLarge { .. }
         | BankError::Tree(_) => named(StatusCode::BAD_REQUEST),
-        BankError::BatchItem { position, source } => {
-            let (status, inner) = classify(source, field);
+        BankError::BatchItem { position, error } => {
+            let (status, inner) = classify(error, field);
             (status, inner.map(|f| format!("nodes[{position}].{f}")))
         }
         BankError::Poisoned(_) | BankError::ReadOnly(_) => (StatusCode::SERVICE_UNAVAILABLE, None),

@@ -151,15 +151,12 @@ fn node_error(source: &ReferenceTree, node: &ReferenceNode, detail: String) -> I
 /// failed on.
 fn refused(source: &ReferenceTree, start: usize, end: usize, e: BankError) -> InteropError {
     match e {
-        BankError::BatchItem {
-            position,
-            source: cause,
-        } if start + position < end => InteropError::Refused {
+        BankError::BatchItem { position, error: cause } if start + position < end => InteropError::Refused {
             file: source.file.clone(),
             node_id: source.nodes[start + position].node_id.clone(),
             reason: cause,
         },
-        BankError::BatchItem { source: cause, .. } => InteropError::Node {
+        BankError::BatchItem { error: cause, .. } => InteropError::Node {
             file: source.file.clone(),
             node_id: source.nodes[start].node_id.clone(),
             detail: format!(
