@@ -240,3 +240,84 @@ fn retrieve_names_an_empty_task() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("--task is empty"), "{stderr}");
 }
+
+/// Issue 11 item 2 for `record`: a checkpoint that fails after the
+/// episode's commit was made durable (a directory in the way of
+/// MANIFEST.tmp) is not an error. `record` printed nothing and exited 1,
+/// so a caller recorded the episode again. Now it prints its result, says
+/// the episode is saved, exits 3 and tries no consolidation; once the
+/// blocker is gone the bank holds the episode exactly once.
+#[test]
+fn record_saved_before_a_failed_checkpoint_prints_its_result_and_exits_3() {
+    if !assets_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bank");
+    let bank = path.to_str().unwrap();
+    deltamem(&["init", bank, "--dim", "384", "--consolidate-after", "1"], None);
+    let skill = json!({"activation_condition": "boiling", "execution_procedure": "1. heat", "termination_condition": "it boils"});
+    let facts = json!({"activation_condition": "a kitchen", "content": "the stove is left of the sink"});
+    let episode = |success: bool, task: Option<Vec<u32>>, env: Option<Vec<u32>>| {
+        json!({"task_text": "boil water", "env_text": "a kitchen with a stove", "trajectory": "heat the pot",
+               "success": success, "retrieved_task": task, "retrieved_env": env})
+    };
+    let server = Server::start(vec![content(&skill.to_string()), content(&facts.to_string())]);
+    record_summary(bank, &episode(false, None, None), &server, dir.path());
+    let server = Server::start(vec![content(&skill.to_string()), content(&facts.to_string())]);
+    let second = episode(false, Some(vec![0]), Some(vec![1]));
+    record_summary(bank, &second, &server, dir.path());
+
+    let blocker = path.join("MANIFEST.tmp");
+    std::fs::create_dir_all(blocker.join("in-the-way")).unwrap();
+    // The success hits make residuals 2 and 3 due (K_cons 1); the script
+    // has no distillation reply, and none may be asked for.
+    let server = Server::start(vec![content(&skill.to_string()), content(&facts.to_string())]);
+    let file = dir.path().join("episode.json");
+    std::fs::write(&file, episode(true, Some(vec![0, 2]), Some(vec![1, 3])).to_string()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+        .args(["record", bank, "--episode", file.to_str().unwrap(), "--json"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("DELTAMEM_LLM_BASE_URL", &server.url)
+        .env("DELTAMEM_LLM_MODEL", "scripted")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("saved") && stderr.contains("checkpoint"), "{stderr}");
+    let outcome: Value = serde_json::from_slice(&out.stdout).expect("the outcome is printed");
+    assert_eq!(
+        (outcome["task"]["node"].as_u64(), outcome["env"]["node"].as_u64()),
+        (Some(4), Some(5))
+    );
+    assert!(outcome["checkpoint_failure"].is_string(), "{outcome}");
+    let statuses: Vec<&Value> = outcome["consolidations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| &c["status"])
+        .collect();
+    assert_eq!(statuses, vec![&json!("failed"), &json!("failed")], "{outcome}");
+    assert_eq!(
+        server.requests().len(),
+        2,
+        "no distillation after the failed checkpoint"
+    );
+
+    std::fs::remove_dir_all(&blocker).unwrap();
+    let dump = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+        .args(["dump", bank])
+        .output()
+        .unwrap();
+    assert!(dump.status.success(), "{}", String::from_utf8_lossy(&dump.stderr));
+    let nodes: Vec<Value> = String::from_utf8(dump.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(nodes.len(), 6, "two nodes per episode, the third episode once");
+    assert_eq!(
+        (&nodes[2]["success_hits"], &nodes[3]["success_hits"]),
+        (&json!(1), &json!(1))
+    );
+}

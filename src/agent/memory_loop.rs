@@ -281,6 +281,11 @@ pub struct RecordOutcome {
     /// Success hits counted (successful episodes only).
     pub success_hits: Vec<HitCount>,
     pub consolidations: Vec<ConsolidationOutcome>,
+    /// Set when the checkpoint after the episode's commit failed. The
+    /// episode is saved all the same (durable in the WAL, recovered by the
+    /// next open): do not record it again. Consolidations were not tried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_failure: Option<String>,
 }
 
 /// A vector and what made it, for `deltamem embed`.
@@ -593,16 +598,26 @@ impl MemoryLoop {
                 due: ack.due,
             });
         }
-        bank.close()?;
+        // The episode is durable once this returns Ok; a checkpoint that
+        // failed after that is reported in the outcome, not as an error
+        // that would invite recording the episode twice.
+        let checkpoint_failure = bank.close_after_commits()?;
 
-        // 4. Consolidation, lock released during each LLM call.
-        let consolidations = due.into_iter().map(|snapshot| self.consolidate(snapshot)).collect();
+        // 4. Consolidation, lock released during each LLM call. Not after a
+        // failed checkpoint: the disk that refused it would likely refuse
+        // the consolidation's too, after a paid LLM call. The nodes stay
+        // due, so `consolidate_due` distils them once the bank is healthy.
+        let consolidations = match &checkpoint_failure {
+            None => due.into_iter().map(|snapshot| self.consolidate(snapshot)).collect(),
+            Some(_) => due.into_iter().map(not_attempted).collect(),
+        };
         Ok(RecordOutcome {
             task: task_write,
             env: env_write,
             retrievals_counted: dedup(used),
             success_hits: hits,
             consolidations,
+            checkpoint_failure,
         })
     }
 
@@ -891,6 +906,17 @@ fn check_episode(e: &Episode) -> Result<(), AgentError> {
         return bad("reward is not a finite number");
     }
     Ok(())
+}
+
+/// A due node's distillation, left for `consolidate_due`.
+fn not_attempted(snapshot: DueSnapshot) -> ConsolidationOutcome {
+    ConsolidationOutcome {
+        tree: snapshot.tree,
+        node: snapshot.node,
+        status: ConsolidationStatus::Failed,
+        new_root: None,
+        reason: Some("not attempted: the checkpoint after the episode failed; run consolidate_due later".into()),
+    }
 }
 
 fn dedup(mut ids: Vec<u32>) -> Vec<u32> {

@@ -298,4 +298,20 @@ impl Bank {
         }
         Ok(())
     }
+
+    /// `close` for a writer whose commits all returned `Ok`: an error only
+    /// if they are not all durable. A checkpoint that fails after they were
+    /// made durable (during a commit or here) comes back as `Ok(Some(why))`:
+    /// the changes are saved and the next open recovers them from the WAL,
+    /// so a caller must not repeat them.
+    pub fn close_after_commits(mut self) -> Result<Option<String>, BankError> {
+        if self.writer.is_none() {
+            return self.close().map(|()| None);
+        }
+        if let Some(why) = self.checkpoint_failure() {
+            return Ok(Some(why.to_string()));
+        }
+        self.sync()?;
+        Ok(self.close().err().map(|e| e.to_string()))
+    }
 }

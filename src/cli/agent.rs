@@ -149,7 +149,10 @@ mod enabled {
         } else {
             super::super::emit(summary(&outcome).trim_end())?;
         }
-        Ok(Status::Ok)
+        Ok(match &outcome.checkpoint_failure {
+            None => Status::Ok,
+            Some(why) => super::super::saved_checkpoint_failed(&args.bank, why),
+        })
     }
 
     /// "task: residual, node 7, parent 3, depth 3" for one tree's write.

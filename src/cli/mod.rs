@@ -119,24 +119,33 @@ pub fn with_writer<T>(
     if let Some(policy) = policy {
         bank.set_sync_policy(policy);
     }
-    let result = work(&mut bank);
-    // A commit's own checkpoint may have failed already (its record was
-    // synced first); otherwise sync now: only a durable change is saved.
-    let durable = result.is_ok() && (bank.checkpoint_failure().is_some() || bank.sync().is_ok());
-    let closed = close(bank, path);
-    let value = result?;
-    match closed {
-        Ok(()) => Ok((value, Status::Ok)),
-        Err(e) if durable => {
-            eprintln!("deltamem: the change is saved (durable in the WAL), but the checkpoint after it failed: {e:#}");
-            eprintln!(
-                "deltamem: do not repeat the change; the next open of {} recovers it",
-                path.display()
-            );
-            Ok((value, Status::SavedCheckpointFailed))
+    let value = match work(&mut bank) {
+        Ok(value) => value,
+        Err(e) => {
+            // The work's error is the one to report; closing only releases
+            // the lock (and recovers nothing that was not committed).
+            let _ = bank.close();
+            return Err(e);
         }
-        Err(e) => Err(e),
+    };
+    let closed = bank
+        .close_after_commits()
+        .with_context(|| format!("cannot close {} cleanly", path.display()))?;
+    match closed {
+        None => Ok((value, Status::Ok)),
+        Some(why) => Ok((value, saved_checkpoint_failed(path, &why))),
     }
+}
+
+/// Says on stderr that a change is saved although the checkpoint after it
+/// failed, and what to do; the status for the command to exit with.
+pub fn saved_checkpoint_failed(path: &Path, why: &str) -> Status {
+    eprintln!("deltamem: the change is saved (durable in the WAL), but the checkpoint after it failed: {why}");
+    eprintln!(
+        "deltamem: do not repeat the change; the next open of {} recovers it",
+        path.display()
+    );
+    Status::SavedCheckpointFailed
 }
 
 /// Errors caused by what the caller sent, as opposed to the bank or the
