@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::llm_server::{Server, content};
+use common::llm_server::{Canned, Server, content};
 use deltamem::agent::{Embedder, OnnxEmbedder, TextRole};
 use serde_json::{Value, json};
 
@@ -66,9 +66,7 @@ fn record_then_retrieve_through_the_binary() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let bank = dir.path().join("bank");
-    let bank = bank.to_str().unwrap();
-    deltamem(&["init", bank, "--dim", "384"], None);
+    let bank = &init_bank(dir.path(), &[]);
     let task_reply = json!({
         "activation_condition": "the water must be boiled",
         "execution_procedure": "1. fill the pot\n2. put it on the stove\n3. turn the stove on",
@@ -128,42 +126,50 @@ fn record_summary(bank: &str, episode: &Value, server: &Server, dir: &Path) -> S
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// A bank of MiniLM's dimension in `dir`, made by `init` with `extra`.
+fn init_bank(dir: &Path, extra: &[&str]) -> String {
+    let bank = dir.join("bank").to_str().unwrap().to_string();
+    let mut args = vec!["init", bank.as_str(), "--dim", "384"];
+    args.extend_from_slice(extra);
+    deltamem(&args, None);
+    bank
+}
+
+/// The scripted extraction reply for a kitchen episode's task tree.
+fn skill() -> Canned {
+    content(
+        r#"{"activation_condition": "boiling", "execution_procedure": "1. heat", "termination_condition": "it boils"}"#,
+    )
+}
+
+/// The scripted extraction reply for a kitchen episode's env tree.
+fn facts() -> Canned {
+    content(r#"{"activation_condition": "a kitchen", "content": "the stove is left of the sink"}"#)
+}
+
+/// A kitchen episode that used the given chains.
+fn kitchen_episode(success: bool, task: Option<Vec<u32>>, env: Option<Vec<u32>>) -> Value {
+    json!({"task_text": "boil water", "env_text": "a kitchen with a stove", "trajectory": "heat the pot",
+           "success": success, "retrieved_task": task, "retrieved_env": env})
+}
+
 #[test]
 fn record_without_json_prints_a_summary() {
     if !assets_present() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let bank = dir.path().join("bank");
-    let bank = bank.to_str().unwrap();
     // K_cons 1 and D_max 2, so the second episode's hit makes node 2 due.
-    deltamem(
-        &[
-            "init",
-            bank,
-            "--dim",
-            "384",
-            "--consolidate-after",
-            "1",
-            "--max-depth",
-            "2",
-        ],
-        None,
-    );
-    let skill = json!({"activation_condition": "boiling", "execution_procedure": "1. heat", "termination_condition": "it boils"});
-    let facts = json!({"activation_condition": "a kitchen", "content": "the stove is left of the sink"});
-    let episode = |success: bool, task: Option<Vec<u32>>, env: Option<Vec<u32>>| {
-        json!({"task_text": "boil water", "env_text": "a kitchen with a stove", "trajectory": "heat the pot",
-               "success": success, "retrieved_task": task, "retrieved_env": env})
-    };
-    let server = Server::start(vec![content(&skill.to_string()), content(&facts.to_string())]);
+    let bank = &init_bank(dir.path(), &["--consolidate-after", "1", "--max-depth", "2"]);
+    let episode = kitchen_episode;
+    let server = Server::start(vec![skill(), facts()]);
     let first = record_summary(bank, &episode(false, None, None), &server, dir.path());
     assert_eq!(
         first,
         "task: root, node 0, no parent, depth 1\nenv: root, node 1, no parent, depth 1\n\
          success hits: none\nconsolidations: none\n"
     );
-    let server = Server::start(vec![content(&skill.to_string()), content(r#"{"skip": true}"#)]);
+    let server = Server::start(vec![skill(), content(r#"{"skip": true}"#)]);
     let second = record_summary(bank, &episode(false, Some(vec![0]), Some(vec![1])), &server, dir.path());
     assert_eq!(
         second,
@@ -171,11 +177,7 @@ fn record_without_json_prints_a_summary() {
          success hits: none\nconsolidations: none\n"
     );
     let distilled = json!({"activation_condition": "boiling", "execution_procedure": "1. heat\n2. wait"});
-    let server = Server::start(vec![
-        content(&skill.to_string()),
-        content(&facts.to_string()),
-        content(&distilled.to_string()),
-    ]);
+    let server = Server::start(vec![skill(), facts(), content(&distilled.to_string())]);
     let third = record_summary(
         bank,
         &episode(true, Some(vec![0, 2]), Some(vec![1])),
@@ -253,18 +255,12 @@ fn record_saved_before_a_failed_checkpoint_prints_its_result_and_exits_3() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bank");
-    let bank = path.to_str().unwrap();
-    deltamem(&["init", bank, "--dim", "384", "--consolidate-after", "1"], None);
-    let skill = json!({"activation_condition": "boiling", "execution_procedure": "1. heat", "termination_condition": "it boils"});
-    let facts = json!({"activation_condition": "a kitchen", "content": "the stove is left of the sink"});
-    let episode = |success: bool, task: Option<Vec<u32>>, env: Option<Vec<u32>>| {
-        json!({"task_text": "boil water", "env_text": "a kitchen with a stove", "trajectory": "heat the pot",
-               "success": success, "retrieved_task": task, "retrieved_env": env})
-    };
-    let server = Server::start(vec![content(&skill.to_string()), content(&facts.to_string())]);
+    let bank = &init_bank(dir.path(), &["--consolidate-after", "1"]);
+    let path = Path::new(bank);
+    let episode = kitchen_episode;
+    let server = Server::start(vec![skill(), facts()]);
     record_summary(bank, &episode(false, None, None), &server, dir.path());
-    let server = Server::start(vec![content(&skill.to_string()), content(&facts.to_string())]);
+    let server = Server::start(vec![skill(), facts()]);
     let second = episode(false, Some(vec![0]), Some(vec![1]));
     record_summary(bank, &second, &server, dir.path());
 
@@ -272,7 +268,7 @@ fn record_saved_before_a_failed_checkpoint_prints_its_result_and_exits_3() {
     std::fs::create_dir_all(blocker.join("in-the-way")).unwrap();
     // The success hits make residuals 2 and 3 due (K_cons 1); the script
     // has no distillation reply, and none may be asked for.
-    let server = Server::start(vec![content(&skill.to_string()), content(&facts.to_string())]);
+    let server = Server::start(vec![skill(), facts()]);
     let file = dir.path().join("episode.json");
     std::fs::write(&file, episode(true, Some(vec![0, 2]), Some(vec![1, 3])).to_string()).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_deltamem"))
