@@ -18,6 +18,7 @@ mod fields;
 mod insert;
 mod node;
 mod query;
+mod report;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -29,6 +30,7 @@ pub use fields::{AttachJson, Fields, LabelJson, NodeRefJson, NodeTypeJson};
 pub use insert::{InsertReply, InsertRequest, MatchedAt, RowMeta};
 pub use node::{ChainNode, ChainReply, ConsolidateReply, ConsolidateRequest, DueReply, HitReply, NodeReply};
 pub use query::{MatchReply, QueryDefaults, QueryReply, QueryRequest, TreeQuery};
+pub use report::{BytesPerNode, Compression, ProblemReply, StatsReply, TreeStatsReply, VerifyReply};
 
 /// Why a request was not carried out.
 #[derive(Debug, Error)]

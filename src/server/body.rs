@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::api::QueryDefaults;
 pub use crate::api::{
     ChainReply, ConsolidateReply, ConsolidateRequest, HitReply, InsertReply, InsertRequest, NodeRefJson, NodeReply,
-    QueryReply, TreeQuery,
+    QueryReply, StatsReply, TreeQuery, VerifyReply,
 };
 use crate::bank::{Bank, BankError, QueryOptions};
 use crate::format::row::Row;
@@ -212,89 +212,6 @@ impl BankInfo {
             agent: cfg!(feature = "agent"),
         }
     }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct TreeStatsOut {
-    pub name: String,
-    pub tau: f32,
-    pub nodes: u64,
-    pub roots: u64,
-    pub residuals: u64,
-    pub successes: u64,
-    pub failures: u64,
-    pub consolidated: u64,
-    pub consolidated_roots: u64,
-    pub due_for_consolidation: u64,
-    /// `depth_histogram[d - 1]` = nodes at depth d.
-    pub depth_histogram: Vec<u64>,
-}
-
-/// Counts and sizes, as `deltamem stats --json` (without the per-process
-/// kernel and the --deep compression figures).
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct StatsOut {
-    pub dim: u32,
-    pub precision: String,
-    pub nodes: u64,
-    pub checkpointed_nodes: u64,
-    pub trees: Vec<TreeStatsOut>,
-    pub vector_bytes: u64,
-    pub table_bytes: u64,
-    pub payload_bytes: u64,
-    pub wal_bytes: u64,
-    pub checkpoint_lsn: u64,
-    pub frozen: bool,
-}
-
-impl StatsOut {
-    pub fn new(s: crate::bank::Stats) -> StatsOut {
-        StatsOut {
-            dim: s.dim_count,
-            precision: format!("{:?}", s.precision).to_lowercase(),
-            nodes: s.nodes,
-            checkpointed_nodes: s.checkpointed_nodes,
-            trees: s
-                .trees
-                .into_iter()
-                .map(|t| TreeStatsOut {
-                    name: t.name,
-                    tau: t.tau,
-                    nodes: t.nodes,
-                    roots: t.roots,
-                    residuals: t.residuals,
-                    successes: t.successes,
-                    failures: t.failures,
-                    consolidated: t.consolidated,
-                    consolidated_roots: t.consolidated_roots,
-                    due_for_consolidation: t.due_for_consolidation,
-                    depth_histogram: t.depth_histogram,
-                })
-                .collect(),
-            vector_bytes: s.vector_bytes,
-            table_bytes: s.table_bytes,
-            payload_bytes: s.payload_bytes,
-            wal_bytes: s.wal_bytes,
-            checkpoint_lsn: s.checkpoint_lsn,
-            frozen: s.frozen,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct ProblemOut {
-    /// File name inside the bank ("" for the bank as a whole).
-    pub file: String,
-    pub offset_bytes: u64,
-    pub detail: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct VerifyOut {
-    pub ok: bool,
-    pub nodes_checked: u64,
-    pub wal_records: u64,
-    pub problems: Vec<ProblemOut>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

@@ -23,7 +23,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::body::{InsertRequest, NodeRefJson, QueryReply, StatsOut};
+use super::body::{InsertRequest, NodeRefJson, QueryReply, StatsReply};
 use super::core::{Core, WriteDone, WriteOp, apply};
 use super::error::{ApiError, ApiResult};
 use super::routes::{chain_of, check_embedding};
@@ -265,8 +265,14 @@ impl<M: Memory> MemoryTools<M> {
         failures, consolidations, depth histogram, bytes on disk."
     )]
     async fn bank_stats(&self, Parameters(_): Parameters<NoParams>) -> Result<CallToolResult, rmcp::ErrorData> {
-        self.run(|m| m.read(|b| b.stats().map(StatsOut::new).map_err(|e| ApiError::from_bank(e, "bank"))))
-            .await
+        self.run(|m| {
+            m.read(|b| {
+                b.stats()
+                    .map(|s| StatsReply::new(s, b.manifest(), None))
+                    .map_err(|e| ApiError::from_bank(e, "bank"))
+            })
+        })
+        .await
     }
 }
 

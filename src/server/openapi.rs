@@ -61,8 +61,8 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             "text/plain",
         ),
         op::<BankInfo>(g, "get", "/v1/bank", "Bank parameters and trees"),
-        op::<StatsOut>(g, "get", "/v1/stats", "Counts and sizes (as `deltamem stats --json`)"),
-        op::<VerifyOut>(g, "get", "/v1/verify", "Check every checksum and link"),
+        op::<StatsReply>(g, "get", "/v1/stats", "Counts and sizes (as `deltamem stats --json`)"),
+        op::<VerifyReply>(g, "get", "/v1/verify", "Check every checksum and link"),
         with_params(
             with_body(
                 op::<QueryReply>(g, "post", "/v1/trees/{tree}/query", "Top-k matches of one embedding"),

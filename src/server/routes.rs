@@ -91,33 +91,22 @@ async fn bank_info(State(state): State<AppState>) -> ApiResult<Json<BankInfo>> {
         .await
 }
 
-async fn stats(State(state): State<AppState>) -> ApiResult<Json<StatsOut>> {
+async fn stats(State(state): State<AppState>) -> ApiResult<Json<StatsReply>> {
     state
         .blocking(|core| {
-            let stats = core.read()?.stats().map_err(|e| ApiError::from_bank(e, "bank"))?;
-            Ok(Json(StatsOut::new(stats)))
+            let bank = core.read()?;
+            let stats = bank.stats().map_err(|e| ApiError::from_bank(e, "bank"))?;
+            Ok(Json(StatsReply::new(stats, bank.manifest(), None)))
         })
         .await
 }
 
-async fn verify(State(state): State<AppState>) -> ApiResult<Json<VerifyOut>> {
+async fn verify(State(state): State<AppState>) -> ApiResult<Json<VerifyReply>> {
     state
         .blocking(|core| {
             let report = core.read()?.verify().map_err(|e| ApiError::from_bank(e, "bank"))?;
-            Ok(Json(VerifyOut {
-                ok: report.is_ok(),
-                nodes_checked: report.nodes_checked,
-                wal_records: report.wal_records,
-                problems: report
-                    .problems
-                    .into_iter()
-                    .map(|p| ProblemOut {
-                        file: p.file,
-                        offset_bytes: p.offset_bytes,
-                        detail: p.detail,
-                    })
-                    .collect(),
-            }))
+            // A problem of the whole bank names no server path.
+            Ok(Json(VerifyReply::new(report, "")))
         })
         .await
 }
