@@ -7,6 +7,7 @@
 //!   - single HTTP queries with 1, 8 and 32 concurrent clients;
 //!   - durable single-node inserts (sync always) with 1, 8 and 32 clients,
 //!     into a second, empty bank.
+//!
 //! Prints throughput and p50/p99 latency and checks the targets.
 //!
 //!   cargo run --release --example server_load [-- NODES]

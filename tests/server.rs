@@ -182,7 +182,7 @@ fn every_error_status_names_the_problem() {
     let three = json!({"embeddings": [one_hot(0), one_hot(1), one_hot(2)]}).to_string();
     let e = server.fails("POST", "/v1/trees/task/query_batch", Some(&three), 400);
     assert_eq!(e["field"], "embeddings");
-    let big = json!({"embedding": vec![0.123456789f32; 600]}).to_string();
+    let big = json!({"embedding": vec![0.123_456_79_f32; 600]}).to_string();
     server.fails("POST", "/v1/trees/task/query", Some(&big), 413);
 
     server.fails(
