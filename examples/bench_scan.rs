@@ -2,7 +2,7 @@
 //! Each subcommand prints one JSON object per line on stdout.
 //!
 //! ```text
-//! bench_scan gen       <out.npy> <rows> <dim> [seed] [queries.npy] [count]
+//! bench_scan gen       <out.npy> <rows> <dim> [seed] [queries.npy] [count] [f32|f16]
 //!     random unit rows (seeded); optionally `count` noisy copies of
 //!     stored rows as queries
 //! bench_scan build     <data.npy> <bank-dir> [f32|f16|int8]   bank from a matrix (one tree)
@@ -116,8 +116,14 @@ fn generate(args: &[String]) {
         arg(args, 4, 768usize),
         arg(args, 5, 20240607u64),
     );
+    // args[8] = "f16" writes the data matrix as float16 (half the bytes:
+    // the 10M-row run of tools/bench-million.sh imports it into an f16 bank).
+    let element = match args.get(8).map(String::as_str) {
+        Some("f16") => NpyElement::F16,
+        _ => NpyElement::F32,
+    };
     let mut rng = deltamem::storage::sim::Rng(seed);
-    let mut writer = NpyMatrixWriter::create(Path::new(&args[2]), rows, dim, NpyElement::F32).unwrap();
+    let mut writer = NpyMatrixWriter::create(Path::new(&args[2]), rows, dim, element).unwrap();
     let mut row = Vec::with_capacity(dim);
     let mut kept = Vec::new();
     let count = arg(args, 7, 16usize);

@@ -4,10 +4,18 @@
 #
 #   tools/bench-million.sh [--rows N] [--dim D] [--precision f32|f16|int8]
 #                          [--rounds R] [--work DIR] [--keep]
+#                          [--memory-limit-mb M]
 #
 # Defaults: 1,000,000 x 768 f32, 3 rounds, work dir target/bench-million.
 # The larger-than-memory run of the issue is
-#   tools/bench-million.sh --rows 10000000 --dim 384 --precision f16
+#   tools/bench-million.sh --rows 10000000 --dim 384 --precision f16 \
+#       --memory-limit-mb 2048
+# --memory-limit-mb runs every timed command inside a memory cgroup (v2
+# memory.max or v1 memory.limit_in_bytes; needs root) that caps heap AND
+# page cache, so a bank larger than M does not fit in the memory the
+# command may use: scans and maintenance then read from the disk. "warm
+# cache" then means as warm as the cap allows; the table adds the disk's
+# cold sequential read speed (cat of the bank, caches dropped, in the cgroup).
 #
 # Each round, in this order (so rounds interleave and see the same machine):
 #   dd          a file of the bank's size, bs=4M conv=fdatasync (MB/s)
@@ -28,7 +36,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ROWS=1000000 DIM=768 PRECISION=f32 ROUNDS=3 WORK=target/bench-million KEEP=0
+ROWS=1000000 DIM=768 PRECISION=f32 ROUNDS=3 WORK=target/bench-million KEEP=0 LIMIT_MB=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --rows) ROWS=$2; shift 2 ;;
@@ -37,6 +45,7 @@ while [[ $# -gt 0 ]]; do
         --rounds) ROUNDS=$2; shift 2 ;;
         --work) WORK=$2; shift 2 ;;
         --keep) KEEP=1; shift ;;
+        --memory-limit-mb) LIMIT_MB=$2; shift 2 ;;
         *) echo "bench-million: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -56,7 +65,8 @@ QUERIES="$WORK/queries-${ROWS}x${DIM}.npy"
 ONE="$WORK/query1-${DIM}.npy"
 if [[ ! -f "$DATA" || ! -f "$QUERIES" ]]; then
     echo "bench-million: writing the ${ROWS} x ${DIM} matrix" >&2
-    "$H" gen "$DATA" "$ROWS" "$DIM" 20240607 "$QUERIES" 16
+    # An f16 bank imports an f16 matrix (half the bytes on disk).
+    "$H" gen "$DATA" "$ROWS" "$DIM" 20240607 "$QUERIES" 16 "$([[ $PRECISION == f16 ]] && echo f16 || echo f32)"
 fi
 [[ -f "$ONE" ]] || "$H" gen "$WORK/unused.npy" 1 "$DIM" 7 "$ONE" 1
 BANK="$WORK/bank-$PRECISION"
@@ -69,13 +79,33 @@ calc() { awk "BEGIN { printf \"%.6f\", $1 }"; }
 last() { grep "^$1 " "$RESULTS" | tail -1 | cut -d' ' -f2; }
 record() { echo "$1 $2" >> "$RESULTS"; }
 
+# A memory cgroup for --memory-limit-mb (cgroup v2, else v1). `capped CMD`
+# runs CMD inside it; without a limit it just runs CMD.
+CGROUP=""
+if [[ $LIMIT_MB != 0 ]]; then
+    if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
+        CGROUP=/sys/fs/cgroup/deltamem-bench; mkdir -p "$CGROUP"
+        echo $(( LIMIT_MB * 1048576 )) > "$CGROUP/memory.max"
+    elif [[ -d /sys/fs/cgroup/memory ]]; then
+        CGROUP=/sys/fs/cgroup/memory/deltamem-bench; mkdir -p "$CGROUP"
+        echo $(( LIMIT_MB * 1048576 )) > "$CGROUP/memory.limit_in_bytes"
+    else
+        echo "bench-million: --memory-limit-mb needs a writable memory cgroup" >&2; exit 2
+    fi
+    echo "bench-million: commands run in $CGROUP, capped at $LIMIT_MB MB (heap and page cache)" >&2
+fi
+capped() {
+    if [[ -z $CGROUP ]]; then "$@"; return; fi
+    bash -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' capped "$CGROUP" "$@"
+}
+
 # run NAME CMD...: times one command (stdout discarded, stdin empty) and
 # records its seconds and peak heap.
 run() {
     local name=$1; shift
     local start end
     start=$(now)
-    if ! DELTAMEM_PEAK_HEAP=1 "$@" < /dev/null > "$WORK/stdout" 2> "$WORK/stderr"; then
+    if ! DELTAMEM_PEAK_HEAP=1 capped "$@" < /dev/null > "$WORK/stdout" 2> "$WORK/stderr"; then
         echo "bench-million: $name failed:" >&2; cat "$WORK/stderr" >&2; exit 1
     fi
     end=$(now)
@@ -89,7 +119,10 @@ drop_caches() {
     return 1
 }
 
-warm_cache() { cat "$1"/* > /dev/null; }
+# Page cache is charged to the cgroup that first read a page, so under a
+# cap the cache is dropped before import and warmed inside the cgroup:
+# pages cached outside it would be free reads for the capped command.
+warm_cache() { capped bash -c "cat '$1'/* > /dev/null"; }
 
 for round in $(seq 1 "$ROUNDS"); do
     echo "bench-million: round $round of $ROUNDS" >&2
@@ -101,6 +134,7 @@ for round in $(seq 1 "$ROUNDS"); do
     record dd.mb_s "$(echo "$dd_out" | sed -n 's/^\([0-9]*\) bytes.*copied, \([0-9.]*\) s.*$/\1 \2/p' | awk '{printf "%.0f", $1 / $2 / 1e6}')"
 
     "$D" --quiet init "$BANK" --dim "$DIM" --tree all --precision "$PRECISION" > /dev/null
+    if [[ -n $CGROUP ]]; then drop_caches || true; fi
     run import "$D" --quiet import "$BANK" --tree all --npy "$DATA"
     record import.rows_s "$(calc "$ROWS / $(last import.s)")"
     bank_bytes=$(du -sb "$BANK" | cut -f1)
@@ -108,11 +142,21 @@ for round in $(seq 1 "$ROUNDS"); do
 
     warm_cache "$BANK"
     run query "$D" --quiet query "$BANK" --tree all --npy "$ONE" --k 10 --threads 1
-    inproc=$("$H" scan "$BANK" "$QUERIES" 10 1 5)
+    # Under a memory cap every scan reads the disk: three scans of one
+    # query, not five rounds of sixteen.
+    if [[ -n $CGROUP ]]; then
+        inproc=$(capped "$H" scan "$BANK" "$ONE" 10 1 3)
+    else
+        inproc=$(capped "$H" scan "$BANK" "$QUERIES" 10 1 5)
+    fi
     record query_warm_inprocess.s "$(echo "$inproc" | sed -n 's/.*"median_ms":\([0-9.]*\).*/\1/p' | awk '{print $1 / 1000}')"
     record query_first_inprocess.s "$(echo "$inproc" | sed -n 's/.*"first_query_ms":\([0-9.]*\).*/\1/p' | awk '{print $1 / 1000}')"
 
     run stats_warm "$D" --quiet stats "$BANK"
+    if [[ -n $CGROUP ]] && drop_caches; then
+        run read_cold bash -c "cat '$BANK'/* > /dev/null"
+        record read_cold.mb_s "$(calc "$bank_bytes / $(last read_cold.s) / 1e6")"
+    fi
     if drop_caches; then run stats_cold "$D" --quiet stats "$BANK"; fi
 
     warm_cache "$BANK"
@@ -129,9 +173,9 @@ done
 
 if [[ $KEEP == 0 ]]; then rm -rf "$BANK" "$FROZEN"; fi
 
-python3 - "$RESULTS" "$ROWS" "$DIM" "$PRECISION" "$ROUNDS" <<'EOF'
+python3 - "$RESULTS" "$ROWS" "$DIM" "$PRECISION" "$ROUNDS" "$LIMIT_MB" <<'EOF'
 import statistics, sys
-path, rows, dim, precision, rounds = sys.argv[1:]
+path, rows, dim, precision, rounds, limit_mb = sys.argv[1:]
 figures = {}
 for line in open(path):
     parts = line.split()
@@ -150,7 +194,9 @@ def heap(key):
 
 med = lambda k: statistics.median(figures[k]) if figures.get(k) else float("nan")
 print(f"{int(rows):,} x {dim} {precision}, bank {med('bank.mb'):.0f} MB, {rounds} rounds; "
-      f"median (min-max); dd bs=4M conv=fdatasync: {fig('dd.mb_s', '{:.0f}')} MB/s\n")
+      f"median (min-max); dd bs=4M conv=fdatasync: {fig('dd.mb_s', '{:.0f}')} MB/s"
+      + (f"; every command capped at {limit_mb} MB of memory (heap + page cache)" if limit_mb != "0" else "")
+      + "\n")
 print("| command | seconds | rate | peak heap |")
 print("|---|---:|---:|---:|")
 print(f"| `import --npy` | {fig('import.s')} | {fig('import.rows_s', '{:,.0f}')} rows/s | {heap('import')} |")
@@ -160,6 +206,9 @@ print(f"| `query` (k=10, 1 thread), fresh process, warm cache | {fig('query.s', 
 print(f"| query in process: first / warm | {fig('query_first_inprocess.s', '{:.3f}')} / "
       f"{fig('query_warm_inprocess.s', '{:.3f}')} | | |")
 print(f"| `stats`, warm / cold cache | {fig('stats_warm.s', '{:.3f}')} / {fig('stats_cold.s', '{:.3f}')} | | {heap('stats_warm')} |")
+if figures.get('read_cold.s'):
+    print(f"| `cat` of the bank, caches dropped, capped (the disk's read speed) | {fig('read_cold.s')} | "
+          f"{fig('read_cold.mb_s', '{:.0f}')} MB/s | |")
 print(f"| `verify` (from the page cache) | {fig('verify.s')} | {fig('verify.gb_s')} GB/s | {heap('verify')} |")
 print(f"| `freeze` (and verify of the copy) | {fig('freeze.s')} | {fig('freeze.mb_s', '{:.0f}')} MB/s | {heap('freeze')} |")
 print(f"| `compact` | {fig('compact.s')} | {fig('compact.mb_s', '{:.0f}')} MB/s | {heap('compact')} |")
