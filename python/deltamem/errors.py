@@ -27,6 +27,19 @@ class Error(Exception):
         return self.message
 
 
+class IoError(Error, OSError):
+    """An operating-system I/O call failed (also an :class:`OSError`).
+
+    ``file`` names the file; ``errno`` is the OS error number when the
+    system gave one (e.g. ``errno.ENOSPC`` for a full disk). When the call
+    was a write or fsync of the bank's own log or checkpoint, the handle is
+    also poisoned: later writes raise :class:`PoisonedError` until the bank
+    is reopened.
+    """
+
+    file: str
+
+
 class LockedError(Error):
     """Another process holds the bank's writer lock (worth retrying later)."""
 
@@ -71,6 +84,7 @@ class AgentError(Error):
 
 __all__ = [
     "Error",
+    "IoError",
     "LockedError",
     "CorruptError",
     "PoisonedError",

@@ -1,7 +1,7 @@
 //! BankError, InteropError and AgentError as the exceptions of
 //! `deltamem.errors` (a pure Python module, so the classes can have two
 //! bases: `NotFoundError` is also a `KeyError`, `InvalidInputError` also a
-//! `ValueError`).
+//! `ValueError`, `IoError` also an `OSError`).
 
 use deltamem::BankError;
 use deltamem::interop::InteropError;
@@ -13,7 +13,7 @@ use pyo3::types::PyDict;
 /// The exception classes of `deltamem.errors`, by what a caller can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    Base,
+    Io,
     Locked,
     Corrupt,
     Poisoned,
@@ -27,7 +27,7 @@ pub enum Kind {
 impl Kind {
     fn class_name(self) -> &'static str {
         match self {
-            Kind::Base => "Error",
+            Kind::Io => "IoError",
             Kind::Locked => "LockedError",
             Kind::Corrupt => "CorruptError",
             Kind::Poisoned => "PoisonedError",
@@ -46,6 +46,8 @@ pub struct Details {
     pub file: Option<String>,
     pub offset_bytes: Option<u64>,
     pub position: Option<usize>,
+    /// The OS error number of a failed I/O call (`OSError.errno`).
+    pub errno: Option<i32>,
 }
 
 static ERRORS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
@@ -72,6 +74,9 @@ fn build(py: Python<'_>, kind: Kind, message: &str, details: &Details) -> PyResu
     if let Some(position) = details.position {
         kwargs.set_item("position", position)?;
     }
+    if let Some(errno) = details.errno {
+        kwargs.set_item("errno", errno)?;
+    }
     let instance = class.call((message,), Some(&kwargs))?;
     Ok(PyErr::from_value(instance))
 }
@@ -90,9 +95,10 @@ fn classify(e: &BankError, details: &mut Details) -> Kind {
             details.offset_bytes = Some(*offset_bytes);
             Kind::Corrupt
         }
-        BankError::Storage(StorageError::Io { file, .. }) => {
+        BankError::Storage(StorageError::Io { file, cause, .. }) => {
             details.file = Some(file.clone());
-            Kind::Base
+            details.errno = cause.raw_os_error();
+            Kind::Io
         }
         BankError::NotABank { .. } | BankError::UnknownTree { .. } | BankError::UnknownNode(_) => Kind::NotFound,
         BankError::ReadOnly(_) => Kind::ReadOnly,
@@ -118,9 +124,10 @@ pub fn interop(py: Python<'_>, e: InteropError) -> PyErr {
         InteropError::Io { file, source, .. } => {
             let details = Details {
                 file: Some(file),
+                errno: source.raw_os_error(),
                 ..Details::default()
             };
-            make(py, Kind::Base, format!("{message}: {source}"), &details)
+            make(py, Kind::Io, format!("{message}: {source}"), &details)
         }
         InteropError::Refused { reason, .. } => {
             let mut details = Details::default();

@@ -74,7 +74,13 @@ pub fn read_npy<'py>(py: Python<'py>, path: &Path) -> PyResult<Bound<'py, PyAny>
         .map_err(|e| {
             let message = format!("{}: cannot read as .npy: {e}", path.display());
             if e.is_instance_of::<pyo3::exceptions::PyOSError>(py) {
-                errors::make(py, errors::Kind::Base, message, &errors::Details::default())
+                let errno = e.value(py).getattr("errno").ok().and_then(|n| n.extract::<i32>().ok());
+                let details = errors::Details {
+                    file: Some(path.display().to_string()),
+                    errno,
+                    ..errors::Details::default()
+                };
+                errors::make(py, errors::Kind::Io, message, &details)
             } else {
                 errors::invalid(py, message)
             }

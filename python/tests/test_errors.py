@@ -16,7 +16,9 @@ from conftest import DIM, unit
 def test_hierarchy():
     assert issubclass(deltamem.NotFoundError, KeyError)
     assert issubclass(deltamem.InvalidInputError, ValueError)
+    assert issubclass(deltamem.IoError, OSError)
     for cls in (
+        deltamem.IoError,
         deltamem.LockedError,
         deltamem.CorruptError,
         deltamem.PoisonedError,
@@ -77,6 +79,24 @@ def test_invalid_input_leaves_the_bank_unchanged(bank):
     assert not (bank.path.parent / "zero").exists()
 
 
+def test_io_failures_are_oserrors_naming_the_file(bank, tmp_path):
+    import errno
+
+    bank.insert("task", unit(0), "a")
+    missing = tmp_path / "no-such-dir" / "m.npy"
+    # Read by the engine (the reference importer) and by numpy (import_npy).
+    for call in (
+        lambda: bank.import_reference("task", tmp_path / "no-such.json"),
+        lambda: bank.import_npy("task", missing),
+        lambda: bank.export_npy("task", missing),
+    ):
+        with pytest.raises(deltamem.IoError) as e:
+            call()
+        assert isinstance(e.value, OSError) and e.value.errno == errno.ENOENT
+        assert "no-such" in e.value.file and "no-such" in str(e.value)
+    assert len(bank) == 1 and bank.verify().ok
+
+
 def test_read_only(bank, bank_path):
     bank.insert("task", unit(0), "a")
     with deltamem.Bank.open(bank_path, read_only=True) as r:
@@ -128,7 +148,7 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (wal_size + 100, resource.RLIM_INFINIT
 try:
     bank.insert("task", np.eye(8, dtype=np.float32)[2], "x" * 100_000, attach="root")
 except deltamem.Error as e:
-    print("first:", type(e).__name__, e)
+    print("first:", type(e).__name__, isinstance(e, OSError), e.errno, e)
 resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
 try:
     bank.insert("task", np.eye(8, dtype=np.float32)[3], "after", attach="root")
@@ -151,7 +171,8 @@ def test_poisoned_after_a_failed_write(bank_path, tmp_path):
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].startswith("first: Error") and "wal.log" in lines[0], out.stdout
+    # EFBIG, as an OSError naming the WAL.
+    assert lines[0].startswith("first: IoError True 27 ") and "wal.log" in lines[0], out.stdout
     assert lines[1].startswith("second: PoisonedError"), out.stdout
     assert lines[2] == "query still works: 1"
     with deltamem.Bank.open(bank_path) as b:
