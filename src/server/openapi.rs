@@ -57,7 +57,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
     let batch = json_content(g.subschema_for::<InsertBatchRequest>());
     let retrievals = json_content(g.subschema_for::<RetrievalsRequest>());
     let consolidate = json_content(g.subschema_for::<ConsolidateRequest>());
-    let mut ops = vec![
+    let ops = vec![
         op::<HealthOut>(g, "get", "/healthz", "Liveness"),
         text(
             op::<HealthOut>(g, "get", "/metrics", "Prometheus metrics"),
@@ -150,7 +150,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
         ),
     ];
     #[cfg(feature = "agent")]
-    ops.extend(agent_operations(g));
+    let ops = ops.into_iter().chain(agent_operations(g)).collect();
     ops
 }
 
