@@ -6,21 +6,25 @@
 //! 1. read-only snapshot: check the chains the episode carries, render them;
 //! 2. embed the scenario texts, ask the LLM for one entry per tree; any
 //!    failure here returns an error and the bank is untouched;
-//! 3. writer: insert the new nodes, both in one WAL record
+//! 3. commit: insert the new nodes, both in one WAL record
 //!    (`Attach::Parent` of the deepest node of the chain retrieved at the
 //!    episode's start, the bank applying the D_max sibling rule, or
 //!    `Attach::Root`), count retrievals on every node of each used chain
 //!    (one record) and, on success, a hit on each tree's matched node even
 //!    if that tree's write was skipped; snapshot every node that just
-//!    became due for consolidation; close;
-//! 4. per due node: ask the LLM to distill the snapshot, reopen the writer
-//!    and commit with `Bank::consolidate`, which refuses cleanly if the
-//!    node was consolidated meanwhile. A failed distillation changes
-//!    nothing and is reported in the outcome.
+//!    became due for consolidation;
+//! 4. per due node: ask the LLM to distill the snapshot, then commit with
+//!    `Bank::consolidate`, which refuses cleanly if the node was
+//!    consolidated meanwhile. A failed distillation changes nothing and is
+//!    reported in the outcome.
+//!
+//! The bank steps go through a [`BankStore`]: on a directory (the CLI, the
+//! Python binding) the writer lock is taken per commit; on a server's bank
+//! (`record_in`) the commits join the server's write queue.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -33,7 +37,8 @@ use super::prompts::{
     render_for_distill, shorten_trajectory,
 };
 use super::reply::ReplyError;
-use crate::bank::{Attach, Bank, BankError, Change, ChangeAck, InsertAck, NewNode, NodeRef, OpenOptions, QueryOptions};
+use super::store::{BankStore, DirStore};
+use crate::bank::{Attach, Bank, BankError, Change, ChangeAck, InsertAck, NewNode, NodeRef, QueryOptions};
 use crate::format::payload::Payload;
 use crate::format::row::Label;
 use crate::{SyncPolicy, TreeSpec};
@@ -60,6 +65,10 @@ pub enum AgentError {
     BadEpisode(String),
     #[error("configuration: {0}")]
     Config(String),
+    /// The bank store refused (a server's write queue full, read-only,
+    /// shutting down); the face downcasts it back to its own error.
+    #[error("{0}")]
+    Store(Box<dyn std::error::Error + Send + Sync>),
 }
 
 #[derive(Debug, Clone)]
@@ -132,6 +141,7 @@ impl AgentConfig {
 }
 
 /// The best match of one tree and its chain.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MatchedChain {
     pub tree: String,
@@ -150,6 +160,7 @@ pub struct MatchedChain {
 }
 
 /// What `retrieve` found.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Retrieval {
     /// Both rendered chains, task first, each under a heading, after the
@@ -161,6 +172,7 @@ pub struct Retrieval {
 
 /// One finished episode, as `record` takes it (and as the CLI reads it
 /// from JSON).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Episode {
@@ -214,6 +226,7 @@ impl Episode {
     }
 }
 
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WriteAction {
@@ -223,6 +236,7 @@ pub enum WriteAction {
 }
 
 /// What happened to one tree.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TreeWrite {
     pub tree: String,
@@ -240,6 +254,7 @@ pub struct TreeWrite {
     pub beside_match: bool,
 }
 
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HitCount {
     pub tree: String,
@@ -249,6 +264,7 @@ pub struct HitCount {
     pub due: bool,
 }
 
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ConsolidationStatus {
@@ -262,6 +278,7 @@ pub enum ConsolidationStatus {
     Failed,
 }
 
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConsolidationOutcome {
     pub tree: String,
@@ -272,6 +289,7 @@ pub struct ConsolidationOutcome {
 }
 
 /// What `record` did.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RecordOutcome {
     pub task: TreeWrite,
@@ -317,7 +335,7 @@ pub fn retrieve(
     task_text: &str,
     env_text: &str,
 ) -> Result<Retrieval, AgentError> {
-    let bank = open_reader(config)?;
+    let bank = DirStore::new(config).open_reader()?;
     retrieve_in(&bank, config, embedder, task_text, env_text)
 }
 
@@ -400,16 +418,6 @@ fn check_dim(bank: &Bank, embedder: &dyn Embedder) -> Result<(), AgentError> {
     Ok(())
 }
 
-fn open_reader(config: &AgentConfig) -> Result<Bank, AgentError> {
-    Ok(Bank::open_dir(
-        &config.bank,
-        OpenOptions {
-            read_only: true,
-            ..OpenOptions::default()
-        },
-    )?)
-}
-
 /// One tree's state for `record`, from the read-only snapshot.
 struct TreePlan {
     tree: String,
@@ -483,17 +491,24 @@ impl MemoryLoop {
         retrieve(&self.config, &mut *self.embedder, task_text, env_text)
     }
 
-    /// Records a finished episode: extraction, write decision, counters,
-    /// consolidation (see the module documentation for the order). An
-    /// error before the write phase leaves the bank unchanged.
+    /// Records a finished episode into `config.bank`: extraction, write
+    /// decision, counters, consolidation (see the module documentation for
+    /// the order). An error before the write phase leaves the bank
+    /// unchanged.
     pub fn record(&mut self, episode: &Episode) -> Result<RecordOutcome, AgentError> {
+        let store = DirStore::new(&self.config);
+        self.record_in(&store, episode)
+    }
+
+    /// `record` on any [`BankStore`] (a server's own bank); `config.bank`
+    /// is not used.
+    pub fn record_in(&mut self, store: &impl BankStore, episode: &Episode) -> Result<RecordOutcome, AgentError> {
         check_episode(episode)?;
-        // 1. Read-only snapshot.
-        let (task_plan, env_plan) = {
-            let bank = self.open_reader()?;
-            self.check_dim(&bank)?;
+        // 1. Snapshot.
+        let (task_plan, env_plan) = store.read(|bank| {
+            self.check_dim(bank)?;
             let task = self.plan(
-                &bank,
+                bank,
                 &self.config.task_tree,
                 TreeKind::Task,
                 episode.retrieved_task.as_deref(),
@@ -501,15 +516,15 @@ impl MemoryLoop {
                 "retrieved_task",
             )?;
             let env = self.plan(
-                &bank,
+                bank,
                 &self.config.env_tree,
                 TreeKind::Env,
                 episode.retrieved_env.as_deref(),
                 &episode.env_text,
                 "retrieved_env",
             )?;
-            (task, env)
-        };
+            Ok((task, env))
+        })?;
 
         // 2. Embeddings and extraction, no lock held.
         let vectors = self.embedder.embed_batch(
@@ -539,7 +554,6 @@ impl MemoryLoop {
         let env_fields = self.extract(env_kind, &view, &env_plan, episode_id)?;
 
         // 3. Commit.
-        let mut bank = self.open_writer()?;
         let task_label = if episode.success {
             Label::Success
         } else {
@@ -570,45 +584,26 @@ impl MemoryLoop {
             Vec::new()
         };
         changes.extend(hit_plans.iter().filter_map(|p| p.matched()).map(Change::SuccessHit));
-        let acks = bank.transact(&changes, None)?;
-        let mut inserted = acks
+        let committed = store.commit(changes, |bank, acks| count_hits(bank, &hit_plans, acks))?;
+        let mut inserted = committed
+            .acks
             .iter()
             .filter_map(|a| if let ChangeAck::Inserted(a) = a { Some(a) } else { None });
         let task_ack = task_node.as_ref().and_then(|_| inserted.next());
         let env_ack = env_node.as_ref().and_then(|_| inserted.next());
         let task_write = tree_write(&task_plan, task_kind, task_ack, task_label);
         let env_write = tree_write(&env_plan, env_kind, env_ack, Label::Success);
-        let hit_acks = acks
-            .iter()
-            .filter_map(|a| if let ChangeAck::Hit(h) = a { Some(h) } else { None });
-        let k_cons = bank.manifest().consolidate_after;
-        let mut hits = Vec::new();
-        let mut due = Vec::new();
-        for (plan, ack) in hit_plans.into_iter().zip(hit_acks) {
-            // Only the hit that makes a node due triggers a distillation; a
-            // failed one is not retried on every later success
-            // (`consolidate_due` retries on request).
-            if ack.due && ack.success_hits == k_cons {
-                due.push(snapshot_due(&bank, &plan.tree, plan.kind, ack.id)?);
-            }
-            hits.push(HitCount {
-                tree: plan.tree.clone(),
-                node: ack.id,
-                success_hits: ack.success_hits,
-                due: ack.due,
-            });
-        }
-        // The episode is durable once this returns Ok; a checkpoint that
-        // failed after that is reported in the outcome, not as an error
-        // that would invite recording the episode twice.
-        let checkpoint_failure = bank.close_after_commits()?;
+        let (hits, due) = committed.after;
 
         // 4. Consolidation, lock released during each LLM call. Not after a
         // failed checkpoint: the disk that refused it would likely refuse
         // the consolidation's too, after a paid LLM call. The nodes stay
         // due, so `consolidate_due` distils them once the bank is healthy.
-        let consolidations = match &checkpoint_failure {
-            None => due.into_iter().map(|snapshot| self.consolidate(snapshot)).collect(),
+        let consolidations = match &committed.checkpoint_failure {
+            None => due
+                .into_iter()
+                .map(|snapshot| self.consolidate(store, snapshot))
+                .collect(),
             Some(_) => due.into_iter().map(not_attempted).collect(),
         };
         Ok(RecordOutcome {
@@ -617,29 +612,31 @@ impl MemoryLoop {
             retrievals_counted: dedup(used),
             success_hits: hits,
             consolidations,
-            checkpoint_failure,
+            checkpoint_failure: committed.checkpoint_failure,
         })
     }
 
     /// Distills every node of the two trees that is due for consolidation
     /// (for instance after a failed distillation), oldest first.
     pub fn consolidate_due(&mut self) -> Result<Vec<ConsolidationOutcome>, AgentError> {
-        let mut snapshots = Vec::new();
-        {
-            let bank = self.open_reader()?;
-            for (tree, kind) in [
-                (self.config.task_tree.clone(), TreeKind::Task),
-                (self.config.env_tree.clone(), TreeKind::Env),
-            ] {
-                for node in bank.due_for_consolidation(Some(&tree))? {
-                    snapshots.push(snapshot_due(&bank, &tree, kind, node)?);
+        let store = DirStore::new(&self.config);
+        let trees = [
+            (self.config.task_tree.clone(), TreeKind::Task),
+            (self.config.env_tree.clone(), TreeKind::Env),
+        ];
+        let snapshots = store.read(|bank| {
+            let mut snapshots = Vec::new();
+            for (tree, kind) in &trees {
+                for node in bank.due_for_consolidation(Some(tree))? {
+                    snapshots.push(snapshot_due(bank, tree, *kind, node)?);
                 }
             }
-        }
-        Ok(snapshots.into_iter().map(|s| self.consolidate(s)).collect())
+            Ok(snapshots)
+        })?;
+        Ok(snapshots.into_iter().map(|s| self.consolidate(&store, s)).collect())
     }
 
-    fn consolidate(&mut self, snapshot: DueSnapshot) -> ConsolidationOutcome {
+    fn consolidate(&mut self, store: &impl BankStore, snapshot: DueSnapshot) -> ConsolidationOutcome {
         let kind = PromptKind::for_distill(snapshot.kind);
         let failed = |reason: String| ConsolidationOutcome {
             tree: snapshot.tree.clone(),
@@ -684,11 +681,6 @@ impl MemoryLoop {
         );
         // The episode is already recorded: a bank failure here is reported
         // in the outcome, not as an error that would invite a re-record.
-        let result = self.open_writer().and_then(|mut bank| {
-            let result = bank.consolidate(snapshot.node, fields);
-            bank.close()?;
-            Ok(result)
-        });
         let outcome = |status, new_root, reason| ConsolidationOutcome {
             tree: snapshot.tree.clone(),
             node: snapshot.node,
@@ -696,15 +688,14 @@ impl MemoryLoop {
             new_root,
             reason,
         };
-        match result {
-            Ok(Ok(ack)) => outcome(ConsolidationStatus::Done, Some(ack.new_root), None),
-            Ok(Err(BankError::AlreadyConsolidated { root, .. })) => outcome(
+        match store.consolidate(snapshot.node, fields) {
+            Ok(root) => outcome(ConsolidationStatus::Done, Some(root), None),
+            Err(AgentError::Bank(BankError::AlreadyConsolidated { root, .. })) => outcome(
                 ConsolidationStatus::AlreadyConsolidated,
                 None,
                 Some(format!("consolidated meanwhile into root {root}; nothing written")),
             ),
-            Ok(Err(e)) => failed(format!("commit refused: {e}")),
-            Err(e) => failed(format!("bank: {e}")),
+            Err(e) => failed(format!("commit refused: {e}")),
         }
     }
 
@@ -828,30 +819,35 @@ impl MemoryLoop {
     fn check_dim(&self, bank: &Bank) -> Result<(), AgentError> {
         check_dim(bank, &*self.embedder)
     }
+}
 
-    fn open_reader(&self) -> Result<Bank, AgentError> {
-        open_reader(&self.config)
-    }
-
-    /// Opens the writer, waiting (bounded) while another process holds it.
-    fn open_writer(&self) -> Result<Bank, AgentError> {
-        let deadline = Instant::now() + self.config.lock_wait;
-        let mut pause = Duration::from_millis(10);
-        loop {
-            let options = OpenOptions {
-                read_only: false,
-                sync: self.config.sync,
-                ..OpenOptions::default()
-            };
-            match Bank::open_dir(&self.config.bank, options) {
-                Err(e) if e.is_locked() && Instant::now() + pause < deadline => {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(500));
-                }
-                other => return Ok(other?),
-            }
+/// The success hits of a commit (acks in `hit_plans` order), and a
+/// snapshot of each node the commit made due. Only the hit that makes a
+/// node due triggers a distillation; a failed one is not retried on every
+/// later success (`consolidate_due` retries on request).
+fn count_hits(
+    bank: &Bank,
+    hit_plans: &[&TreePlan],
+    acks: &[ChangeAck],
+) -> Result<(Vec<HitCount>, Vec<DueSnapshot>), AgentError> {
+    let hit_acks = acks
+        .iter()
+        .filter_map(|a| if let ChangeAck::Hit(h) = a { Some(h) } else { None });
+    let k_cons = bank.manifest().consolidate_after;
+    let mut hits = Vec::new();
+    let mut due = Vec::new();
+    for (plan, ack) in hit_plans.iter().zip(hit_acks) {
+        if ack.due && ack.success_hits == k_cons {
+            due.push(snapshot_due(bank, &plan.tree, plan.kind, ack.id)?);
         }
+        hits.push(HitCount {
+            tree: plan.tree.clone(),
+            node: ack.id,
+            success_hits: ack.success_hits,
+            due: ack.due,
+        });
     }
+    Ok((hits, due))
 }
 
 /// What was written to one tree; `ack` is None on skip.

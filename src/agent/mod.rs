@@ -12,6 +12,8 @@
 //!   with what an LLM wrote during a recorded run (offline demos, tests).
 //! - [`memory_loop`]: [`MemoryLoop`] with `retrieve` (before an episode)
 //!   and `record` (after it), returning serde-serialisable results.
+//! - [`store`]: [`BankStore`], where `record` reads and commits: a bank
+//!   directory ([`DirStore`]) or a server's own bank.
 //!
 //! See `docs/AGENT.md` for setup and a walk-through.
 
@@ -21,6 +23,7 @@ pub mod memory_loop;
 pub mod prompts;
 pub mod replay;
 pub mod reply;
+pub mod store;
 
 pub use embed::{EmbedError, Embedder, OnnxConfig, OnnxEmbedder, Pooling, TextRole};
 pub use llm::{ChatMessage, ChatModel, HttpChat, LlmConfig, LlmError, PromptPurpose};
@@ -31,3 +34,4 @@ pub use memory_loop::{
 pub use prompts::{DomainProfile, PromptKind, TreeKind};
 pub use replay::ReplayChat;
 pub use reply::{Reply, ReplyError};
+pub use store::{BankStore, Committed, DirStore};

@@ -36,6 +36,9 @@ pub enum WriteOp {
     Hit(NodeRef),
     Retrievals(Vec<NodeRef>),
     Consolidate(NodeRef, BTreeMap<String, String>),
+    /// A recorded episode's changes, all or nothing (`/v1/record`).
+    #[cfg(feature = "agent")]
+    Transact(Vec<crate::bank::Change>),
 }
 
 pub enum WriteDone {
@@ -43,6 +46,8 @@ pub enum WriteDone {
     Hit(HitReply),
     Retrievals(u32),
     Consolidated(ConsolidateReply),
+    #[cfg(feature = "agent")]
+    Transacted(Vec<crate::bank::ChangeAck>),
 }
 
 struct WriteJob {
@@ -409,5 +414,10 @@ pub(super) fn apply(bank: &mut Bank, op: &WriteOp) -> ApiResult<WriteDone> {
                 .map_err(|e| ApiError::from_bank(e, "payload"))?;
             Ok(WriteDone::Consolidated(ack.into()))
         }
+        #[cfg(feature = "agent")]
+        WriteOp::Transact(changes) => bank
+            .transact(changes, no_sync)
+            .map(WriteDone::Transacted)
+            .map_err(|e| ApiError::from_bank(e, "episode")),
     }
 }

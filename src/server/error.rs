@@ -86,6 +86,18 @@ fn field_of<'a>(e: &BankError, default: &'a str) -> &'a str {
     }
 }
 
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.field {
+            Some(field) => write!(f, "{} (field {field})", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+/// Carried through the agent layer (`AgentError::Store`) and back.
+impl std::error::Error for ApiError {}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = ErrorOut {

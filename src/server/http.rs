@@ -59,7 +59,7 @@ impl AppState {
     /// time limit (the work finishes anyway; reads change nothing).
     pub async fn blocking<T: Send + 'static>(
         &self,
-        work: impl FnOnce(&Core) -> ApiResult<T> + Send + 'static,
+        work: impl FnOnce(&Arc<Core>) -> ApiResult<T> + Send + 'static,
     ) -> ApiResult<T> {
         let core = self.core.clone();
         let task = tokio::task::spawn_blocking(move || work(&core));

@@ -173,15 +173,31 @@ fn reply<T: Serialize>(result: ApiResult<T>) -> Result<CallToolResult, rmcp::Err
         Ok(value) => CallToolResult::success(vec![ContentBlock::text(
             serde_json::to_string(&value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")),
         )]),
-        Err(e) => CallToolResult::error(vec![ContentBlock::text(match e.field {
-            Some(f) => format!("{} (field {f})", e.message),
-            None => e.message,
-        })]),
+        Err(e) => CallToolResult::error(vec![ContentBlock::text(e.to_string())]),
     })
 }
 
+/// Query options of a tool call: `k` matches, 1 by default, at most 100.
+pub(super) fn tool_options(k: Option<u32>) -> QueryOptions {
+    QueryOptions {
+        k: k.unwrap_or(1).clamp(1, 100) as usize,
+        ..QueryOptions::default()
+    }
+}
+
 impl<M: Memory> MemoryTools<M> {
-    async fn run<T: Serialize + Send + 'static>(
+    /// Every tool: the bank's, and with the `agent` feature those that
+    /// embed text or call the LLM (`server/agent.rs`).
+    fn all_tools() -> rmcp::handler::server::router::tool::ToolRouter<Self> {
+        let tools = Self::tool_router();
+        #[cfg(feature = "agent")]
+        let tools = tools + Self::agent_tools();
+        tools
+    }
+
+    /// Runs a tool's work on the blocking pool (bank reads, writes, LLM
+    /// calls) and turns its result into the tool's answer.
+    pub(super) async fn run<T: Serialize + Send + 'static>(
         &self,
         work: impl FnOnce(&M) -> ApiResult<T> + Send + 'static,
     ) -> Result<CallToolResult, rmcp::ErrorData> {
@@ -208,11 +224,7 @@ impl<M: Memory> MemoryTools<M> {
         self.run(move |m| {
             let dim = m.read(|b| Ok(b.dim_count()))?;
             check_embedding(&p.embedding, dim, "embedding")?;
-            let options = QueryOptions {
-                k: p.k.unwrap_or(1).clamp(1, 100) as usize,
-                ..QueryOptions::default()
-            };
-            m.query(&p.tree, p.embedding, options)
+            m.query(&p.tree, p.embedding, tool_options(p.k))
         })
         .await
     }
@@ -276,7 +288,7 @@ impl<M: Memory> MemoryTools<M> {
     }
 }
 
-#[tool_handler]
+#[tool_handler(router = Self::all_tools())]
 impl<M: Memory> ServerHandler for MemoryTools<M> {
     fn get_info(&self) -> InitializeResult {
         InitializeResult::new(ServerCapabilities::builder().enable_tools().build()).with_instructions(

@@ -15,6 +15,8 @@ struct Op {
     request: Option<Value>,
     response: Value,
     params: &'static [(&'static str, &'static str, &'static str)],
+    /// Also answers 502 when the LLM behind it fails.
+    calls_llm: bool,
 }
 
 fn op<T: JsonSchema>(g: &mut SchemaGenerator, method: &'static str, path: &'static str, summary: &'static str) -> Op {
@@ -25,6 +27,7 @@ fn op<T: JsonSchema>(g: &mut SchemaGenerator, method: &'static str, path: &'stat
         request: None,
         response: json_content(g.subschema_for::<T>()),
         params: &[],
+        calls_llm: false,
     }
 }
 
@@ -54,7 +57,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
     let batch = json_content(g.subschema_for::<InsertBatchRequest>());
     let retrievals = json_content(g.subschema_for::<RetrievalsRequest>());
     let consolidate = json_content(g.subschema_for::<ConsolidateRequest>());
-    vec![
+    let ops = vec![
         op::<HealthOut>(g, "get", "/healthz", "Liveness"),
         text(
             op::<HealthOut>(g, "get", "/metrics", "Prometheus metrics"),
@@ -145,7 +148,33 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             op::<DueOut>(g, "get", "/v1/due", "Nodes due for consolidation"),
             &[("tree", "query", "string")],
         ),
-    ]
+    ];
+    #[cfg(feature = "agent")]
+    let ops = ops.into_iter().chain(agent_operations(g)).collect();
+    ops
+}
+
+/// `/v1/retrieve` and `/v1/record` (feature `agent`).
+#[cfg(feature = "agent")]
+fn agent_operations(g: &mut SchemaGenerator) -> Vec<Op> {
+    use crate::agent::{Episode, RecordOutcome, Retrieval};
+    let mut retrieve = op::<Retrieval>(
+        g,
+        "post",
+        "/v1/retrieve",
+        "The best chain of each tree for a task and an environment (as `deltamem retrieve --json`)",
+    );
+    retrieve.request = Some(json_content(g.subschema_for::<super::agent::RetrieveRequest>()));
+    let mut record = op::<RecordOutcome>(
+        g,
+        "post",
+        "/v1/record",
+        "Learn from a finished episode through the LLM (as `deltamem record --json`); answered once durable",
+    );
+    record.request = Some(json_content(g.subschema_for::<Episode>()));
+    record.params = &[("profile", "query", "string")];
+    record.calls_llm = true;
+    vec![retrieve, record]
 }
 
 /// Statuses every operation may answer with an error body.
@@ -161,6 +190,9 @@ pub fn document() -> Value {
         responses.insert("200".into(), with_description(o.response, "OK"));
         for status in ERROR_STATUSES {
             responses.insert(status.into(), with_description(error.clone(), "error"));
+        }
+        if o.calls_llm {
+            responses.insert("502".into(), with_description(error.clone(), "the LLM failed"));
         }
         let mut operation = json!({"summary": o.summary, "responses": responses});
         if let Some(body) = o.request {

@@ -20,7 +20,9 @@ use axum::Json;
 pub fn api() -> Router<AppState> {
     let router = Router::new();
     #[cfg(feature = "agent")]
-    let router = router.route("/v1/retrieve", post(super::agent::retrieve));
+    let router = router
+        .route("/v1/retrieve", post(super::agent::retrieve))
+        .route("/v1/record", post(super::agent::record));
     router
         .route("/healthz", get(|| async { Json(HealthOut { ok: true }) }))
         .route("/metrics", get(metrics))
@@ -336,7 +338,7 @@ async fn consolidate(
     }
 }
 
-fn unexpected() -> ApiError {
+pub(super) fn unexpected() -> ApiError {
     ApiError::new(
         StatusCode::INTERNAL_SERVER_ERROR,
         "the writer answered a different kind of write",

@@ -1,43 +1,109 @@
 """MCP tools of deltamem through the official Python `mcp` client, over
 stdio (`deltamem mcp BANK`) and Streamable HTTP (`/mcp` on `deltamem
-serve`), and four stdio servers sharing one bank.
+serve`), and four stdio servers sharing one bank, recording episodes and
+counting hits at once.
 
-Run by tools/test.sh with DELTAMEM_BIN pointing at the release binary.
+Run by tools/test.sh with DELTAMEM_BIN pointing at the release binary
+(built with the `agent` feature) and DELTAMEM_REQUIRE_ASSETS=1. The tools
+that embed text or call the LLM (retrieve_memory, record_episode,
+query_by_text) need the agent feature and the agent assets (assets/); the
+tests of them skip, saying why, when either is missing, unless
+DELTAMEM_REQUIRE_ASSETS is set. The LLM is chat_stub.ChatStub on 127.0.0.1.
 """
 
 import asyncio
+import contextlib
 import json
 import os
 import random
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
 
 import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamablehttp_client
 
+from chat_stub import ChatStub
+
 BIN = os.environ.get("DELTAMEM_BIN", "target/release/deltamem")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DIM = 8
+AGENT_DIM = 384  # MiniLM, the agent's default embedder
+AGENT_TOOLS = {"retrieve_memory", "record_episode", "query_by_text"}
 
 
-def init_bank(root):
+def init_bank(root, dim=DIM):
     path = os.path.join(root, "bank")
-    subprocess.run([BIN, "init", path, "--dim", str(DIM), "--quiet"], check=True)
+    subprocess.run([BIN, "init", path, "--dim", str(dim), "--quiet"], check=True)
     return path
 
 
-def vec(seed):
+def vec(seed, dim=DIM):
     rng = random.Random(seed)
-    return [rng.uniform(-1, 1) for _ in range(DIM)]
+    return [rng.uniform(-1, 1) for _ in range(dim)]
+
+
+def binary_has_agent():
+    """Whether BIN was built with the `agent` feature (its /v1/bank says)."""
+    with tempfile.TemporaryDirectory() as root:
+        proc, base = start_server(init_bank(root))
+        try:
+            with urllib.request.urlopen(base + "/v1/bank", timeout=30) as answer:
+                return json.load(answer)["agent"]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+
+
+def require_agent():
+    """Skips (or, under DELTAMEM_REQUIRE_ASSETS, fails) without the agent
+    feature in BIN or without the assets."""
+    missing = []
+    if not binary_has_agent():
+        missing.append(BIN + " was built without the `agent` feature (cargo build --release --features agent)")
+    if not os.path.exists(os.path.join(ROOT, "assets", "minilm", "model.onnx")):
+        missing.append("assets/minilm is missing (tools/setup-agent-assets.sh)")
+    if missing:
+        reason = "; ".join(missing)
+        if os.environ.get("DELTAMEM_REQUIRE_ASSETS"):
+            pytest.fail("agent required (DELTAMEM_REQUIRE_ASSETS) but " + reason)
+        pytest.skip(reason)
+
+
+def agent_env(stub):
+    """The environment of a deltamem process using `stub` as its LLM."""
+    env = dict(os.environ)
+    env.update(stub.env())
+    return env
+
+
+def episode(task, env_text, success, retrieved_task=None):
+    return {"task_text": task, "env_text": env_text, "success": success,
+            "trajectory": "> look around\nYou see a stove.\n> " + task,
+            "retrieved_task": retrieved_task}
 
 
 def node(scenario, embedding, attach="root", tree="task"):
     return {"tree": tree, "attach": attach, "label": "SUCCESS", "scenario": scenario,
             "payload": {"execution_procedure": "steps for " + scenario}, "embedding": embedding}
+
+
+@contextlib.asynccontextmanager
+async def stdio_session(bank, env=None):
+    """An initialised client session with its own `deltamem mcp BANK`."""
+    params = StdioServerParameters(command=BIN, args=["mcp", bank], env=env, cwd=ROOT)
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            yield session
 
 
 async def call(session, tool, args):
@@ -75,18 +141,15 @@ def test_tools_over_stdio():
         bank = init_bank(root)
 
         async def run():
-            params = StdioServerParameters(command=BIN, args=["mcp", bank])
-            async with stdio_client(params) as (read, write):
-                async with ClientSession(read, write) as session:
-                    await session.initialize()
-                    await exercise(session)
+            async with stdio_session(bank) as session:
+                await exercise(session)
 
         asyncio.run(run())
 
 
-def start_server(bank):
+def start_server(bank, env=None):
     proc = subprocess.Popen([BIN, "serve", bank, "--listen", "127.0.0.1:0", "--threads", "2"],
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     line = proc.stderr.readline()
     match = re.search(r"http://(\S+)", line)
     assert match, line
@@ -110,64 +173,152 @@ def test_tools_over_streamable_http():
             assert proc.wait(timeout=60) == 0
 
 
+async def exercise_agent(session, stub):
+    """record_episode, then retrieve_memory and query_by_text find what it
+    wrote; bad input is refused before any LLM call."""
+    tools = {t.name: t for t in (await session.list_tools()).tools}
+    assert AGENT_TOOLS <= set(tools), sorted(tools)
+    assert {"episode"} <= set(tools["record_episode"].inputSchema["properties"])
+    assert {"task", "env"} <= set(tools["retrieve_memory"].inputSchema["properties"])
+    assert {"tree", "text"} <= set(tools["query_by_text"].inputSchema["properties"])
+    before = stub.requests
+    err, outcome = await call(session, "record_episode",
+                              {"episode": episode("boil water", "a kitchen with a stove", True)})
+    assert not err, outcome
+    assert outcome["task"]["action"] == "root" and outcome["env"]["action"] == "root", outcome
+    assert stub.requests == before + 2, "one extraction per tree"
+    task_node, env_node = outcome["task"]["node"], outcome["env"]["node"]
+
+    err, retrieval = await call(session, "retrieve_memory",
+                                {"task": "boil water", "env": "a kitchen with a stove"})
+    assert not err, retrieval
+    assert retrieval["task"]["node"] == task_node and retrieval["env"]["node"] == env_node, retrieval
+    assert "do the obvious thing" in retrieval["context"], retrieval["context"]
+
+    err, found = await call(session, "query_by_text", {"tree": "env", "text": "a kitchen with a stove", "k": 1})
+    assert not err and found["matches"][0]["id"] == env_node, found
+
+    # A second episode that used the retrieved chain: a residual under it.
+    err, second = await call(session, "record_episode", {"episode": episode(
+        "boil water", "a kitchen with a stove", True, retrieved_task=retrieval["task"]["chain"])})
+    assert not err and second["task"]["parent"] == task_node, second
+    assert second["success_hits"][0]["node"] == task_node, second
+
+    before = stub.requests
+    err, message = await call(session, "record_episode",
+                              {"episode": dict(episode("x", "y", True), trajectory=" ")})
+    assert err and "trajectory" in message, message
+    err, message = await call(session, "record_episode",
+                              {"episode": episode("x", "y", True, retrieved_task=[999])})
+    assert err and "retrieved_task" in message, message
+    err, message = await call(session, "query_by_text", {"tree": "nowhere", "text": "boil water"})
+    assert err and "nowhere" in message, message
+    assert stub.requests == before, "refused before any LLM call"
+
+
+def test_agent_tools_over_stdio():
+    require_agent()
+    with tempfile.TemporaryDirectory() as root, ChatStub() as stub:
+        bank = init_bank(root, AGENT_DIM)
+
+        async def run():
+            async with stdio_session(bank, agent_env(stub)) as session:
+                await exercise_agent(session, stub)
+
+        asyncio.run(run())
+
+
+def test_agent_tools_over_streamable_http():
+    require_agent()
+    with tempfile.TemporaryDirectory() as root, ChatStub() as stub:
+        bank = init_bank(root, AGENT_DIM)
+        proc, base = start_server(bank, env=agent_env(stub))
+        try:
+            async def run():
+                async with streamablehttp_client(base + "/mcp") as (read, write, _):
+                    async with ClientSession(read, write) as session:
+                        await session.initialize()
+                        await exercise_agent(session, stub)
+
+            asyncio.run(run())
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+
+
 SECONDS = float(os.environ.get("DELTAMEM_MCP_SECONDS", "8"))
 
 
-async def worker(bank, index, shared_id, deadline):
-    """One client with its own `deltamem mcp` process: stores nodes and
-    counts hits on a shared node until the deadline; returns what was
+async def worker(bank, index, shared, deadline, stub):
+    """One client with its own `deltamem mcp` process, until the deadline:
+    records an episode that used the shared task root (the LLM call runs
+    before the process takes the writer lock), stores a node and counts a
+    success hit on the shared root. Returns its ledger of what was
     acknowledged."""
-    stored, hits = [], 0
-    params = StdioServerParameters(command=BIN, args=["mcp", bank])
-    async with stdio_client(params) as (read, write):
-        async with ClientSession(read, write) as session:
-            await session.initialize()
-            i = 0
-            while time.monotonic() < deadline and i < 500:
-                scenario = f"client {index} episode {i}"
-                err, ack = await call(session, "store_node", node(scenario, vec(index * 10_000 + i)))
-                assert not err, ack
-                stored.append((ack["id"], scenario))
-                err, hit = await call(session, "count_success_hit", {"id": shared_id})
-                assert not err, hit
-                hits += 1
-                # Each process sees the others' writes: the shared count
-                # never goes below what this client alone acknowledged.
-                assert hit["success_hits"] >= hits
-                i += 1
-    return stored, hits
+    ledger = {"nodes": [], "hits": 0, "records": 0}
+    async with stdio_session(bank, agent_env(stub)) as session:
+        i = 0
+        while time.monotonic() < deadline and i < 200:
+            task = f"client {index} episode {i}"
+            env_text = f"room of client {index} episode {i}"
+            # A failed episode: no success hit of its own, so the
+            # shared root's hits are exactly the count_success_hit calls.
+            err, outcome = await call(session, "record_episode",
+                                      {"episode": episode(task, env_text, False, retrieved_task=[shared])})
+            assert not err, outcome
+            assert outcome["task"]["parent"] == shared, outcome
+            ledger["nodes"] += [(outcome["task"]["node"], task), (outcome["env"]["node"], env_text)]
+            ledger["records"] += 1
+            scenario = f"client {index} note {i}"
+            err, ack = await call(session, "store_node", node(scenario, vec(index * 10_000 + i, AGENT_DIM)))
+            assert not err, ack
+            ledger["nodes"].append((ack["id"], scenario))
+            err, hit = await call(session, "count_success_hit", {"id": shared})
+            assert not err, hit
+            ledger["hits"] += 1
+            # Each process sees the others' writes: the shared count
+            # never goes below what this client alone acknowledged.
+            assert hit["success_hits"] >= ledger["hits"]
+            i += 1
+    return ledger
 
 
 def test_four_stdio_servers_share_one_bank():
-    with tempfile.TemporaryDirectory() as root:
-        bank = init_bank(root)
+    """Four `deltamem mcp` processes on one bank, each driven by its own
+    client, record episodes (LLM calls included) and count hits at once
+    for a bounded time: no write refused for a lock, every acknowledged
+    node present with its text, every counter equal to the ledger."""
+    require_agent()
+    with tempfile.TemporaryDirectory() as root, ChatStub() as stub:
+        bank = init_bank(root, AGENT_DIM)
 
         async def seed():
-            params = StdioServerParameters(command=BIN, args=["mcp", bank])
-            async with stdio_client(params) as (read, write):
-                async with ClientSession(read, write) as session:
-                    await session.initialize()
-                    err, ack = await call(session, "store_node", node("shared", vec(-1), tree="env"))
-                    assert not err
-                    return ack["id"]
+            async with stdio_session(bank, agent_env(stub)) as session:
+                err, ack = await call(session, "store_node", node("shared", vec(-1, AGENT_DIM)))
+                assert not err
+                return ack["id"]
 
-        shared_id = asyncio.run(seed())
+        shared = asyncio.run(seed())
 
         async def run():
             deadline = time.monotonic() + SECONDS
-            return await asyncio.gather(*(worker(bank, i, shared_id, deadline) for i in range(4)))
+            return await asyncio.gather(*(worker(bank, i, shared, deadline, stub) for i in range(4)))
 
-        results = asyncio.run(run())
+        ledgers = asyncio.run(run())
         dump = subprocess.run([BIN, "dump", bank], check=True, capture_output=True, text=True).stdout
         nodes = {n["id"]: n for n in map(json.loads, dump.splitlines())}
-        total_hits = 0
-        for stored, hits in results:
-            assert stored, "every client stored something"
-            for node_id, scenario in stored:
+        for ledger in ledgers:
+            assert ledger["records"] > 0, "every client recorded an episode"
+            for node_id, scenario in ledger["nodes"]:
                 assert nodes[node_id]["scenario"] == scenario
-            total_hits += hits
-        ids = [i for stored, _ in results for i, _ in stored]
+        ids = [i for ledger in ledgers for i, _ in ledger["nodes"]]
         assert len(ids) == len(set(ids)), "no id acknowledged twice"
-        assert nodes[shared_id]["success_hits"] == total_hits
+        assert len(nodes) == len(ids) + 1, "nothing stored that was not acknowledged"
+        assert nodes[shared]["success_hits"] == sum(ledger["hits"] for ledger in ledgers)
+        assert nodes[shared]["retrievals"] == sum(ledger["records"] for ledger in ledgers)
+        assert stub.requests == 2 * sum(ledger["records"] for ledger in ledgers)
         verify = subprocess.run([BIN, "verify", bank], capture_output=True, text=True)
         assert verify.returncode == 0, verify.stderr
+        print("four stdio servers: %d records, %d hits, %d nodes in %.0f s" % (
+            sum(ledger["records"] for ledger in ledgers), sum(ledger["hits"] for ledger in ledgers),
+            len(nodes), SECONDS))

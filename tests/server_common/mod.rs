@@ -33,7 +33,21 @@ impl Server {
     /// Starts `deltamem serve BANK --listen 127.0.0.1:0 EXTRA..` and waits
     /// for the line naming its address.
     pub fn start(bank: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+        Server::start_with_env(bank, extra, &[])
+    }
+
+    /// `start` with these environment variables set; the LLM settings
+    /// (`DELTAMEM_LLM_*`) come only from `env`, never from the caller's
+    /// environment.
+    pub fn start_with_env(bank: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_deltamem"));
+        for name in ["DELTAMEM_LLM_BASE_URL", "DELTAMEM_LLM_MODEL", "DELTAMEM_LLM_API_KEY"] {
+            command.env_remove(name);
+        }
+        command
+            .envs(env.iter().copied())
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        let mut child = command
             .args([
                 "serve",
                 bank.to_str().unwrap(),
