@@ -224,9 +224,12 @@ pub fn retrieve_with<M: Memory>(memory: &M, request: RetrieveRequest) -> ApiResu
 }
 
 /// `record` on the server's bank (blocking; the LLM calls run with no
-/// bank lock held, the commit goes through the store).
+/// bank lock held, the commit goes through the store). Everything that
+/// can refuse without the LLM (profile, a read-only server, no LLM
+/// configured) refuses before the first LLM call.
 pub fn record_with<M: Memory>(memory: &M, episode: &Episode, profile_name: Option<&str>) -> ApiResult<RecordOutcome> {
     let config = AgentConfig::new(PathBuf::new(), profile(profile_name)?);
+    memory.writable()?;
     let llm = chat()?;
     let mut memory_loop = MemoryLoop::new(config, SharedEmbedder(embedder()?), llm);
     memory_loop
@@ -267,14 +270,6 @@ pub async fn record(
     JsonBody(episode): JsonBody<Episode>,
 ) -> ApiResult<Json<RecordOutcome>> {
     let profile_name = query_params(params)?.profile;
-    profile(profile_name.as_deref())?;
-    if state.core.read_only() {
-        return Err(ApiError::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "the server was started read-only",
-        ));
-    }
-    chat()?;
     let core: Arc<super::Core> = state.core.clone();
     tokio::task::spawn_blocking(move || record_with(&core, &episode, profile_name.as_deref()))
         .await

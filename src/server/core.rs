@@ -136,6 +136,18 @@ impl Core {
         self.read_only
     }
 
+    /// Refuses with 405 when the server was started read-only: writers
+    /// ask before doing costly work (an LLM call) as well as at submit.
+    pub fn writable(&self) -> ApiResult<()> {
+        if self.read_only {
+            return Err(ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "the server was started read-only",
+            ));
+        }
+        Ok(())
+    }
+
     pub fn changes(&self) -> watch::Receiver<ChangeEvent> {
         self.shared.changes.subscribe()
     }
@@ -148,12 +160,7 @@ impl Core {
 
     /// Queues a write; the answer comes once it is durable (per policy).
     pub fn submit(&self, op: WriteOp) -> ApiResult<oneshot::Receiver<ApiResult<WriteDone>>> {
-        if self.read_only {
-            return Err(ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "the server was started read-only",
-            ));
-        }
+        self.writable()?;
         let (reply, rx) = oneshot::channel();
         let guard = self.writes.lock().map_err(|_| poisoned_lock())?;
         let Some(tx) = guard.as_ref() else {

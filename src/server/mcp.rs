@@ -36,6 +36,10 @@ pub trait Memory: Send + Sync + 'static {
         Self: Sized;
     fn query(&self, tree: &str, embedding: Vec<f32>, options: QueryOptions) -> ApiResult<QueryReply>;
     fn write(&self, op: WriteOp) -> ApiResult<WriteDone>;
+    /// Whether writes can be taken at all (asked before an LLM call).
+    fn writable(&self) -> ApiResult<()> {
+        Ok(())
+    }
 }
 
 impl Memory for Arc<Core> {
@@ -49,6 +53,10 @@ impl Memory for Arc<Core> {
 
     fn write(&self, op: WriteOp) -> ApiResult<WriteDone> {
         self.write_blocking(op)
+    }
+
+    fn writable(&self) -> ApiResult<()> {
+        Core::writable(self)
     }
 }
 

@@ -147,8 +147,8 @@ def test_tools_over_stdio():
         asyncio.run(run())
 
 
-def start_server(bank, env=None):
-    proc = subprocess.Popen([BIN, "serve", bank, "--listen", "127.0.0.1:0", "--threads", "2"],
+def start_server(bank, env=None, extra=()):
+    proc = subprocess.Popen([BIN, "serve", bank, "--listen", "127.0.0.1:0", "--threads", "2", *extra],
                             stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     line = proc.stderr.readline()
     match = re.search(r"http://(\S+)", line)
@@ -322,3 +322,26 @@ def test_four_stdio_servers_share_one_bank():
         print("four stdio servers: %d records, %d hits, %d nodes in %.0f s" % (
             sum(ledger["records"] for ledger in ledgers), sum(ledger["hits"] for ledger in ledgers),
             len(nodes), SECONDS))
+
+
+def test_record_on_a_read_only_server_is_refused_before_the_llm():
+    """Over MCP as over HTTP: a read-only server refuses record_episode
+    without spending an LLM call on an episode it cannot store."""
+    require_agent()
+    with tempfile.TemporaryDirectory() as root, ChatStub() as stub:
+        bank = init_bank(root, AGENT_DIM)
+        proc, base = start_server(bank, env=agent_env(stub), extra=["--read-only"])
+        try:
+            async def run():
+                async with streamablehttp_client(base + "/mcp") as (read, write, _):
+                    async with ClientSession(read, write) as session:
+                        await session.initialize()
+                        err, message = await call(session, "record_episode",
+                                                  {"episode": episode("boil water", "a kitchen", True)})
+                        assert err and "read-only" in message, message
+
+            asyncio.run(run())
+            assert stub.requests == 0
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
