@@ -689,7 +689,13 @@ impl MemoryLoop {
             reason,
         };
         match store.consolidate(snapshot.node, fields) {
-            Ok(root) => outcome(ConsolidationStatus::Done, Some(root), None),
+            // Saved: a checkpoint failing afterwards is said, not a failure.
+            Ok(done) => outcome(
+                ConsolidationStatus::Done,
+                Some(done.after),
+                done.checkpoint_failure
+                    .map(|why| format!("saved; the checkpoint after it failed: {why}")),
+            ),
             Err(AgentError::Bank(BankError::AlreadyConsolidated { root, .. })) => outcome(
                 ConsolidationStatus::AlreadyConsolidated,
                 None,

@@ -39,9 +39,10 @@ pub trait BankStore {
     ) -> Result<Committed<T>, AgentError>;
 
     /// Writes the distilled root of `node`'s chain and flags `node`;
-    /// returns the new root. A node consolidated meanwhile is
+    /// returns the new root (in `after`; `acks` is empty). A node
+    /// consolidated meanwhile is
     /// `AgentError::Bank(BankError::AlreadyConsolidated)`.
-    fn consolidate(&self, node: u32, fields: BTreeMap<String, String>) -> Result<u32, AgentError>;
+    fn consolidate(&self, node: u32, fields: BTreeMap<String, String>) -> Result<Committed<u32>, AgentError>;
 }
 
 /// A bank directory: a read-only open per read, the writer per commit
@@ -116,10 +117,15 @@ impl BankStore for DirStore {
         })
     }
 
-    fn consolidate(&self, node: u32, fields: BTreeMap<String, String>) -> Result<u32, AgentError> {
+    fn consolidate(&self, node: u32, fields: BTreeMap<String, String>) -> Result<Committed<u32>, AgentError> {
         let mut bank = self.open_writer()?;
-        let result = bank.consolidate(node, fields);
-        bank.close()?;
-        Ok(result?.new_root)
+        let new_root = bank.consolidate(node, fields)?.new_root;
+        // Durable once consolidate returned (as in `commit`).
+        let checkpoint_failure = bank.close_after_commits()?;
+        Ok(Committed {
+            acks: Vec::new(),
+            after: new_root,
+            checkpoint_failure,
+        })
     }
 }

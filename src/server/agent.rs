@@ -170,9 +170,15 @@ impl<M: Memory> BankStore for ServerStore<'_, M> {
         })
     }
 
-    fn consolidate(&self, node: u32, fields: BTreeMap<String, String>) -> Result<u32, AgentError> {
+    fn consolidate(&self, node: u32, fields: BTreeMap<String, String>) -> Result<Committed<u32>, AgentError> {
         match self.0.write(WriteOp::Consolidate(NodeRef::Index(node), fields)) {
-            Ok(WriteDone::Consolidated(done)) => Ok(done.new_root),
+            // The server's writer checkpoints on its own schedule and
+            // reports its failures itself.
+            Ok(WriteDone::Consolidated(done)) => Ok(Committed {
+                acks: Vec::new(),
+                after: done.new_root,
+                checkpoint_failure: None,
+            }),
             Ok(_) => Err(store_error(super::routes::unexpected())),
             // Consolidated meanwhile: name the root it went into.
             Err(e) if e.status == StatusCode::CONFLICT => {
