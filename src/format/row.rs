@@ -96,6 +96,15 @@ impl Label {
     }
 }
 
+/// What a row's fields are checked against: the bank's manifest.
+#[derive(Debug, Clone, Copy)]
+pub struct RowBounds {
+    pub tree_count: usize,
+    pub max_depth: u8,
+    pub version: u32,
+    pub has_side_column: bool,
+}
+
 /// A decoded node-table row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Row {
@@ -190,6 +199,32 @@ impl Row {
             return Err(invalid(ROW_PARENT_OFFSET, detail));
         }
         Ok(())
+    }
+
+    /// Whether `b` (a full row) passes every check of `decode`,
+    /// `check_ranges` and `check_sums_allowed`, without building the row
+    /// or an error: the first scan of a segment checks a million rows, and
+    /// only a failing one needs the slow path's error (which must then
+    /// fail: `the_fast_check_agrees_with_decode` holds the two together).
+    #[inline]
+    pub fn passes_checks(b: &[u8; ROW_SIZE_BYTES], expected_index: u32, bank: RowBounds) -> bool {
+        let parent = get_u32(b, ROW_PARENT_OFFSET);
+        let (tree, depth) = (get_u16(b, ROW_TREE_OFFSET), b[ROW_DEPTH_OFFSET]);
+        let sum = get_u32(b, ROW_VECTOR_SUM_OFFSET);
+        let qsum = get_u32(b, ROW_QVECTOR_SUM_OFFSET);
+        let reserved_zero = ROW_RESERVED.iter().all(|r| b[r.clone()].iter().all(|&x| x == 0));
+        crc32(b) == ROW_CRC_RESIDUE
+            && get_u32(b, ROW_INDEX_OFFSET) == expected_index
+            && b[ROW_TYPE_OFFSET] <= 1
+            && b[ROW_LABEL_OFFSET] <= 1
+            && b[ROW_FLAGS_OFFSET] & !KNOWN_FLAGS == 0
+            && reserved_zero
+            && usize::from(tree) < bank.tree_count
+            && depth != 0
+            && depth <= bank.max_depth
+            && (parent == NODE_NONE || parent < expected_index)
+            && (bank.version >= 2 || sum == 0)
+            && ((bank.version >= 2 && bank.has_side_column) || qsum == 0)
     }
 
     /// The lane-sum fields against the bank's format version and side
@@ -370,6 +405,45 @@ mod tests {
             created_unix_ms: 1_773_056_512_000,
             external_id,
             qvector_sum32: 0x9ABC_DEF0,
+        }
+    }
+
+    /// Every single-bit change of a row, with its CRC rewritten (so the
+    /// field checks are reached) and without: the fast check passes
+    /// exactly the rows the full decode and field checks accept.
+    #[test]
+    fn the_fast_check_agrees_with_decode() {
+        for version in [1, 2] {
+            for has_side_column in [false, true] {
+                let bank = RowBounds {
+                    tree_count: 2,
+                    max_depth: 3,
+                    version,
+                    has_side_column,
+                };
+                let mut row = sample();
+                (row.depth, row.parent) = (2, 4);
+                let good = row.encode();
+                for bit in 0..ROW_SIZE_BYTES * 8 {
+                    for fresh_crc in [false, true] {
+                        let mut b = good;
+                        b[bit / 8] ^= 1 << (bit % 8);
+                        if fresh_crc {
+                            let crc = crc32(&b[..ROW_CRC_OFFSET]);
+                            put_u32(&mut b, ROW_CRC_OFFSET, crc);
+                        }
+                        let slow = Row::decode(&b, 9).and_then(|r| {
+                            r.check_ranges(bank.tree_count, bank.max_depth)?;
+                            r.check_sums_allowed(version, has_side_column)
+                        });
+                        assert_eq!(
+                            Row::passes_checks(&b, 9, bank),
+                            slow.is_ok(),
+                            "bit {bit} {bank:?} {slow:?}"
+                        );
+                    }
+                }
+            }
         }
     }
 

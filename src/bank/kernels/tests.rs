@@ -365,6 +365,21 @@ fn random_column(rng: &mut Rng, rows: usize, row_bytes: usize, stride: usize) ->
     (bytes, slots)
 }
 
+/// The rows of a `random_column` and the lane sum of each one's first
+/// `row_bytes` bytes, by the definition (`format::lane_sum32`).
+fn rows_and_sums<'a>(bytes: &'a [u8], slots: &'a [u32], stride: usize, row_bytes: usize) -> (Rows<'a>, Vec<u32>) {
+    let rows = Rows {
+        bytes,
+        stride_bytes: stride,
+        offset_bytes: 3,
+        slots,
+    };
+    let sums = (0..slots.len())
+        .map(|i| crate::format::lane_sum32(rows.row(i, row_bytes)))
+        .collect();
+    (rows, sums)
+}
+
 /// The float kernels' lane sums equal `format::lane_sum32` of each row's
 /// stored bytes at every level, for every length (tails of every size and
 /// parity, dims not a multiple of 16) and block size (only the first group
@@ -380,15 +395,7 @@ fn float_kernel_lane_sums_equal_the_portable_definition() {
             for (format, component_bytes) in [(Format::F32, 4), (Format::F16, 2)] {
                 let stride = component_bytes * n + 7;
                 let (bytes, slots) = random_column(&mut rng, 6, component_bytes * n, stride);
-                let rows = Rows {
-                    bytes: &bytes,
-                    stride_bytes: stride,
-                    offset_bytes: 3,
-                    slots: &slots,
-                };
-                let want: Vec<u32> = (0..slots.len())
-                    .map(|i| crate::format::lane_sum32(rows.row(i, component_bytes * n)))
-                    .collect();
+                let (rows, want) = rows_and_sums(&bytes, &slots, stride, component_bytes * n);
                 for nq in [1, 3, 4, 5, MAX_BLOCK] {
                     let queries: Vec<Vec<f32>> = (0..nq).map(|_| vector(&mut rng, n)).collect();
                     let refs: Vec<&[f32]> = queries.iter().map(|q| q.as_slice()).collect();
@@ -427,15 +434,7 @@ fn int8_kernel_lane_sums_equal_the_portable_definition() {
     for n in [1usize, 59, 60, 61, 124, 125, 384, 768, 1031] {
         let stride = (4 + n).div_ceil(64) * 64;
         let (bytes, slots) = random_column(&mut rng, 5, stride, stride);
-        let rows = Rows {
-            bytes: &bytes,
-            stride_bytes: stride,
-            offset_bytes: 3,
-            slots: &slots,
-        };
-        let want: Vec<u32> = (0..slots.len())
-            .map(|i| crate::format::lane_sum32(rows.row(i, stride)))
-            .collect();
+        let (rows, want) = rows_and_sums(&bytes, &slots, stride, stride);
         for nq in [1, 4, 6] {
             let queries: Vec<Codes> = (0..nq)
                 .map(|_| {
