@@ -181,8 +181,10 @@ fn offset_constants() -> Vec<(&'static str, &'static str, &'static str, usize)> 
         ("Node row", "vector_crc32", row::ROW_VECTOR_CRC_OFFSET),
         ("Node row", "payload_offset_bytes", row::ROW_PAYLOAD_OFFSET_OFFSET),
         ("Node row", "payload_size_bytes", row::ROW_PAYLOAD_SIZE_OFFSET),
+        ("Node row", "vector_sum32", row::ROW_VECTOR_SUM_OFFSET),
         ("Node row", "created_unix_ms", row::ROW_CREATED_OFFSET),
         ("Node row", "external_id", row::ROW_EXTERNAL_ID_OFFSET),
+        ("Node row", "qvector_sum32", row::ROW_QVECTOR_SUM_OFFSET),
         ("Node row", "crc32", row::ROW_CRC_OFFSET),
         ("Payload record header", "magic", payload::PAY_MAGIC_OFFSET),
         ("Payload record header", "body_size", payload::PAY_BODY_SIZE_OFFSET),
@@ -442,15 +444,25 @@ fn magics_and_version_are_documented() {
             hex.join(" ")
         );
     }
-    for table in ["Manifest", "WAL header"] {
-        let r = field(&tables, table, "version");
-        assert!(
-            r.constraint.contains(&format!("= {}", format::FORMAT_VERSION)),
-            "FORMAT.md:{}: `{table}`.`version` should be = {}",
-            r.line,
+    let r = field(&tables, "Manifest", "version");
+    assert!(
+        r.constraint.contains(&format!(
+            "{} or {}",
+            format::OLDEST_FORMAT_VERSION,
             format::FORMAT_VERSION
-        );
-    }
+        )),
+        "FORMAT.md:{}: `Manifest`.`version` should be {} or {}",
+        r.line,
+        format::OLDEST_FORMAT_VERSION,
+        format::FORMAT_VERSION
+    );
+    let r = field(&tables, "WAL header", "version");
+    assert!(
+        r.constraint.contains(&format!("= {}", format::WAL_FORMAT_VERSION)),
+        "FORMAT.md:{}: `WAL header`.`version` should be = {}",
+        r.line,
+        format::WAL_FORMAT_VERSION
+    );
     let r = field(&tables, "Manifest", "size_bytes");
     assert!(
         r.constraint.contains(&format!("= {}", manifest::MANIFEST_SIZE_BYTES)),

@@ -45,6 +45,7 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
     use deltamem::format::row::{Label, NodeType, Row};
     use deltamem::format::wal::{WalHeader, WalOp, encode_ops, encode_record as wal_record};
     let manifest = Manifest {
+        version: deltamem::format::FORMAT_VERSION,
         sequence: 3,
         flags: 0,
         dim_count: 4,
@@ -81,6 +82,8 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
         payload_size_bytes: 60,
         created_unix_ms: 3,
         external_id: [0; 16],
+        vector_sum32: 0,
+        qvector_sum32: 0,
     };
     let payload = Payload {
         scenario: "boil water".into(),

@@ -67,9 +67,10 @@ impl Bank {
         {
             return bad(format!("node {next}: payload location does not follow the log end"));
         }
-        let stored_crc = self.stored_vector_crc(vector);
-        if vector.len() != self.manifest.dim_count as usize || stored_crc != Some(row.vector_crc32) {
-            return bad(format!("node {next}: vector length or checksum mismatch"));
+        if vector.len() != self.manifest.dim_count as usize
+            || self.vector_checks(vector) != Some(super::VectorChecks::of_row(row))
+        {
+            return bad(format!("node {next}: vector length, checksum or lane sum mismatch"));
         }
         check_record(payload_record, next).map_err(|e| BankError::Corrupt {
             file: "WAL op".into(),

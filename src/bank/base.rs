@@ -2,7 +2,7 @@
 //! on first use, payload records read on demand. Opening maps nothing and
 //! reads nothing here, so open cost does not grow with the node count.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::BankError;
@@ -10,7 +10,7 @@ use super::kernels::quant::{decode_f16, encode_int8_row};
 use crate::format::crc32;
 use crate::format::manifest::{Manifest, Precision};
 use crate::format::payload::{Payload, decode_record};
-use crate::format::row::{ROW_SIZE_BYTES, Row};
+use crate::format::row::{ROW_SIZE_BYTES, Row, RowBounds};
 use crate::storage::{
     Mapping, OpenMode, Storage, StorageError, StorageFile, payload_file, qvector_segment_file, table_segment_file,
     vector_segment_file,
@@ -23,20 +23,40 @@ pub(crate) struct SegmentMaps {
     pub quant: Option<Mapping>,
     /// What every row of the segment shares, if known (see `Summary`).
     pub summary: Summary,
-    /// Which rows' vectors (and int8 rows) this process has checked.
+    /// Which rows' vectors this process has checked (in a format-1 int8
+    /// bank, together with their int8 rows).
     checked: RowChecks,
+    /// Which rows' int8 rows this process has checked (format 2).
+    qchecked: RowChecks,
+    /// The rows' `vector_sum32` and `qvector_sum32`, copied from the node
+    /// table when it was checked (empty when nothing is left to check):
+    /// the scan compares the kernels' lane sums with these 4-byte entries
+    /// instead of reading a 128-byte row per vector.
+    sums: Vec<u32>,
+    qsums: Vec<u32>,
 }
 
-/// One bit per row of a segment: its vector was checked against the row's
-/// `vector_crc32` (and its int8 row against the recomputation). The scan
-/// checks a row the first time it reads its vector, fused into that read
-/// (see `Base::check_vectors`), so a process pays for each vector once and
-/// only for those it reads. Threads may race to check the same row; both
-/// compute the same verdict.
+/// Which column of a segment a scan step reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Column {
+    /// The vectors (f32 or f16).
+    Vectors,
+    /// The int8 side column.
+    Quant,
+}
+
+/// One bit per row of a segment: its vector (or int8 row) was checked.
+/// The scan checks a row the first time it reads it, fused into that read
+/// (the kernels' lane sums, see `Base::check_sums`; CRC in a format-1
+/// bank, see `Base::check_vectors`), so a process pays for each vector
+/// once and only for those it reads. Threads may race to check the same
+/// row; both compute the same verdict.
 struct RowChecks {
     /// Every row is known good: the writer's own checkpoint wrote them.
     all: bool,
     bits: Vec<AtomicU64>,
+    /// Rows not checked yet: at zero the scan stops computing lane sums.
+    unchecked: AtomicU32,
 }
 
 impl RowChecks {
@@ -45,7 +65,14 @@ impl RowChecks {
         RowChecks {
             all,
             bits: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            unchecked: AtomicU32::new(if all { 0 } else { rows }),
         }
+    }
+
+    /// Every row is checked.
+    #[inline]
+    fn complete(&self) -> bool {
+        self.all || self.unchecked.load(Ordering::Relaxed) == 0
     }
 
     #[inline]
@@ -54,7 +81,10 @@ impl RowChecks {
     }
 
     fn set(&self, slot: u32) {
-        self.bits[(slot / 64) as usize].fetch_or(1 << (slot % 64), Ordering::Relaxed);
+        let bit = 1 << (slot % 64);
+        if self.bits[(slot / 64) as usize].fetch_or(bit, Ordering::Relaxed) & bit == 0 {
+            self.unchecked.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -72,6 +102,38 @@ pub(crate) struct Summary {
     pub plain_tree: Option<u16>,
     /// Every row is in tree `t` (consolidated or not).
     pub single_tree: Option<u16>,
+}
+
+/// What `check_table` gathers from a segment's rows for the scan.
+#[derive(Default)]
+struct TableFacts {
+    summary: Summary,
+    sums: Vec<u32>,
+    qsums: Vec<u32>,
+}
+
+/// Whether the rows seen so far share one tree, and which.
+#[derive(Default)]
+struct TreeSet {
+    first: Option<u16>,
+    mixed: bool,
+}
+
+impl TreeSet {
+    fn add(&mut self, tree: u16) {
+        match self.first {
+            None => self.first = Some(tree),
+            Some(t) => self.mixed |= t != tree,
+        }
+    }
+
+    fn summary(&self, flagged: bool) -> Summary {
+        let single = if self.mixed { None } else { self.first };
+        Summary {
+            plain_tree: single.filter(|_| !flagged),
+            single_tree: single,
+        }
+    }
 }
 
 /// The files of one segment, each mapped on first use, and what has been
@@ -124,6 +186,8 @@ pub(crate) struct Base {
     pub generation: u32,
     pub dim_count: u32,
     pub precision: Precision,
+    /// The manifest's format version: rows of version 2 carry lane sums.
+    pub version: u32,
     pub stride_bytes: u32,
     /// Row stride of the int8 side column, if the bank has one.
     pub qstride_bytes: Option<u32>,
@@ -172,6 +236,7 @@ impl Base {
             dim_count,
             generation: manifest.generation,
             precision: manifest.precision,
+            version: manifest.version,
             stride_bytes: manifest.precision.vector_stride_bytes(dim_count),
             qstride_bytes: manifest.precision.qvector_stride_bytes(dim_count),
             tree_count: manifest.trees.len(),
@@ -208,24 +273,31 @@ impl Base {
 
     /// The mappings of segment `segment` for the scan. The first call
     /// checks the node table whole (the scan reads flags, tree, label and
-    /// vector CRCs from it without checksums); vectors are checked row by
-    /// row as the scan first reads them (`check_vectors`).
+    /// vector checks from it without checksums); vectors are checked row
+    /// by row as the scan first reads them (`check_sums`, `check_vectors`).
     pub fn segment(&self, segment: u32) -> Result<Arc<SegmentMaps>, BankError> {
         if let Some(maps) = &self.segments.read().unwrap()[segment as usize].scan {
             return Ok(maps.clone());
         }
         let trusted = self.segments.read().unwrap()[segment as usize].trusted;
         let table = self.part(segment, Part::Table)?;
-        if !trusted {
-            self.check_table(segment, &table)?;
-        }
         let rows = self.rows_in(segment);
+        let checked = match trusted {
+            true => TableFacts {
+                summary: self.summarise(rows, &table),
+                ..TableFacts::default()
+            },
+            false => self.check_table(segment, &table)?,
+        };
         let maps = Arc::new(SegmentMaps {
-            summary: self.summarise(rows, &table),
+            summary: checked.summary,
             table,
             vectors: self.part(segment, Part::Vectors)?,
             quant: self.quant_part(segment)?,
             checked: RowChecks::new(rows, trusted),
+            qchecked: RowChecks::new(rows, trusted || self.version < 2),
+            sums: checked.sums,
+            qsums: checked.qsums,
         });
         self.segments.write().unwrap()[segment as usize].scan = Some(maps.clone());
         Ok(maps)
@@ -240,6 +312,9 @@ impl Base {
             quant: self.quant_part(segment)?,
             summary: Summary::default(),
             checked: RowChecks::new(0, false),
+            qchecked: RowChecks::new(0, false),
+            sums: Vec::new(),
+            qsums: Vec::new(),
         }))
     }
 
@@ -295,17 +370,67 @@ impl Base {
     }
 
     /// Decodes every row of a node-table segment (checksum and field
-    /// ranges), skipping rows a WAL image supersedes.
-    fn check_table(&self, segment: u32, table: &[u8]) -> Result<(), BankError> {
+    /// ranges), skipping rows a WAL image supersedes, and gathers in the
+    /// same pass what the scan needs from them: the summary and (format 2)
+    /// the rows' lane sums.
+    fn check_table(&self, segment: u32, table: &[u8]) -> Result<TableFacts, BankError> {
+        use crate::format::row::{
+            FLAG_CONSOLIDATED, ROW_FLAGS_OFFSET, ROW_QVECTOR_SUM_OFFSET, ROW_TREE_OFFSET, ROW_VECTOR_SUM_OFFSET,
+        };
         let first = segment * self.rows_per_segment;
-        for index in (first..first + self.rows_in(segment)).filter(|i| !self.superseded.contains(i)) {
-            self.decode_row(segment, table, index)?;
+        let rows = self.rows_in(segment);
+        let sums = self.version >= 2;
+        let mut facts = TableFacts::default();
+        facts.sums.reserve(if sums { rows as usize } else { 0 });
+        facts.qsums.reserve(if sums && self.qstride_bytes.is_some() {
+            rows as usize
+        } else {
+            0
+        });
+        let (mut trees, mut flagged) = (TreeSet::default(), false);
+        for index in first..first + rows {
+            if self.superseded.contains(&index) {
+                // Its WAL image replaces it: not read here, and never
+                // trusted by a summary (its stored bytes may be torn).
+                facts.sums.push(0);
+                facts.qsums.push(0);
+                trees.mixed = true;
+                continue;
+            }
+            let at = (index - first) as usize * ROW_SIZE_BYTES;
+            let b: &[u8; ROW_SIZE_BYTES] = table[at..at + ROW_SIZE_BYTES].try_into().expect("a whole row");
+            let (tree, consolidated, sum, qsum) = if Row::passes_checks(b, index, self.row_bounds()) {
+                let get = crate::format::get_u32;
+                let consolidated = b[ROW_FLAGS_OFFSET] & FLAG_CONSOLIDATED != 0;
+                let tree = crate::format::get_u16(b, ROW_TREE_OFFSET);
+                (
+                    tree,
+                    consolidated,
+                    get(b, ROW_VECTOR_SUM_OFFSET),
+                    get(b, ROW_QVECTOR_SUM_OFFSET),
+                )
+            } else {
+                // The slow path names the problem, or retries a row a
+                // writer was rewriting and then gives its checked image.
+                let row = self.decode_row(segment, table, index)?;
+                (row.tree, row.is_consolidated(), row.vector_sum32, row.qvector_sum32)
+            };
+            trees.add(tree);
+            flagged |= consolidated;
+            if sums {
+                facts.sums.push(sum);
+                if self.qstride_bytes.is_some() {
+                    facts.qsums.push(qsum);
+                }
+            }
         }
-        Ok(())
+        facts.summary = trees.summary(flagged);
+        Ok(facts)
     }
 
-    /// Checks the vectors of `slots` (rows of the segment starting at row
-    /// `first`) that this process has not checked yet, against the
+    /// Format 1 (no lane sums): checks the vectors of `slots` (rows of the
+    /// segment starting at row `first`) that this process has not checked
+    /// yet, against the
     /// `vector_crc32` of their rows (the node table was checked whole by
     /// `segment`), and their int8 rows against the recomputation. The scan
     /// calls it on a few dozen rows just before scoring them, so the bytes
@@ -313,8 +438,8 @@ impl Base {
     /// over memory, not two.
     pub fn check_vectors(&self, maps: &SegmentMaps, first: u32, slots: &[u32]) -> Result<(), BankError> {
         use crate::format::row::ROW_VECTOR_CRC_OFFSET;
-        if maps.checked.all {
-            return Ok(());
+        if self.version >= 2 || maps.checked.complete() {
+            return Ok(()); // format 2: the scan checks lane sums instead
         }
         let mut scratch = Vec::new();
         for &slot in slots.iter().filter(|&&slot| !maps.checked.is_set(slot)) {
@@ -327,6 +452,69 @@ impl Base {
                 self.check_qvector(index, &vector, &quant[self.qvector_range(index)], &mut scratch)?;
             }
             maps.checked.set(slot);
+        }
+        Ok(())
+    }
+
+    /// Whether a scan step over `column` of `maps` must compute lane sums
+    /// for `check_sums`: a format-2 bank with rows not checked yet.
+    #[inline]
+    pub fn needs_sums(&self, maps: &SegmentMaps, column: Column) -> bool {
+        self.version >= 2
+            && !match column {
+                Column::Vectors => maps.checked.complete(),
+                Column::Quant => maps.qchecked.complete(),
+            }
+    }
+
+    /// Compares the lane sums a kernel computed while scoring `slots` (rows
+    /// of the segment starting at row `first`) with their rows' stored
+    /// `vector_sum32` (or `qvector_sum32` for the int8 column) and marks
+    /// them checked. The kernel read each byte once, for the score and the
+    /// sum together: the check costs no pass over memory. A mismatch fails
+    /// the scan (its scores are never admitted), naming the file, offset
+    /// and node.
+    pub fn check_sums(
+        &self,
+        maps: &SegmentMaps,
+        column: Column,
+        first: u32,
+        slots: &[u32],
+        computed: &[u32],
+    ) -> Result<(), BankError> {
+        let (checks, stored) = match column {
+            Column::Vectors => (&maps.checked, &maps.sums),
+            Column::Quant => (&maps.qchecked, &maps.qsums),
+        };
+        for (&slot, &sum) in slots.iter().zip(computed) {
+            if checks.is_set(slot) {
+                continue;
+            }
+            let expected = stored[slot as usize];
+            if sum != expected {
+                let index = first + slot;
+                let segment = index / self.rows_per_segment;
+                let (file, range, what) = match column {
+                    Column::Vectors => (
+                        vector_segment_file(self.generation, segment),
+                        self.vector_range(index),
+                        "vector",
+                    ),
+                    Column::Quant => (
+                        qvector_segment_file(self.generation, segment),
+                        self.qvector_range(index),
+                        "int8 row",
+                    ),
+                };
+                return Err(BankError::Corrupt {
+                    file: self.storage.describe(&file),
+                    offset_bytes: range.start as u64,
+                    detail: format!(
+                        "{what} of node {index} fails its lane sum (stored {expected:#010x}, computed {sum:#010x})"
+                    ),
+                });
+            }
+            checks.set(slot);
         }
         Ok(())
     }
@@ -374,7 +562,11 @@ impl Base {
             std::thread::yield_now();
             result = Row::decode(&table[offset..offset + ROW_SIZE_BYTES], index);
         }
-        let row = result.and_then(|row| row.check_ranges(self.tree_count, self.max_depth).map(|()| row));
+        let row = result.and_then(|row| {
+            row.check_ranges(self.tree_count, self.max_depth)?;
+            row.check_sums_allowed(self.version, self.qstride_bytes.is_some())?;
+            Ok(row)
+        });
         row.map_err(|e| {
             StorageError::corrupt(
                 self.storage.describe(&table_segment_file(self.generation, segment)),
@@ -383,6 +575,15 @@ impl Base {
             )
             .into()
         })
+    }
+
+    fn row_bounds(&self) -> RowBounds {
+        RowBounds {
+            tree_count: self.tree_count,
+            max_depth: self.max_depth,
+            version: self.version,
+            has_side_column: self.qstride_bytes.is_some(),
+        }
     }
 
     fn map_file(&self, name: &str, expected_bytes: u64) -> Result<Mapping, BankError> {

@@ -10,6 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
+use super::VectorChecks;
 use super::checkpoint::encode_vector;
 use super::kernels::quant::encode_int8_row;
 use super::open::new_salt;
@@ -112,6 +113,7 @@ impl Bank {
         let salt = new_salt(self.manifest.wal_salt);
         WalWriter::create(target, WalHeader { salt, start_lsn: 1 })?;
         let manifest = Manifest {
+            version: crate::format::FORMAT_VERSION,
             sequence: 1,
             flags: MANIFEST_FLAG_FROZEN,
             generation: 0,
@@ -157,6 +159,9 @@ impl Bank {
         self.remove_data_files(|g| g == generation)?;
         let written = self.write_generation(storage.as_ref(), generation)?;
         let manifest = Manifest {
+            // The rewrite gives every row its lane sums: compact upgrades
+            // a format-1 bank.
+            version: crate::format::FORMAT_VERSION,
             sequence: self.manifest.sequence + 1,
             generation,
             payload_end_bytes: written.payload_end_bytes,
@@ -324,7 +329,7 @@ impl SegmentColumns {
     }
 
     fn put(&mut self, slot: usize, row: &Row, vector: &[f32]) {
-        self.table[slot * ROW_SIZE_BYTES..(slot + 1) * ROW_SIZE_BYTES].copy_from_slice(&row.encode());
+        let stored_bytes = (vector.len() as u32 * self.precision.component_bytes()) as usize;
         encode_vector(
             self.precision,
             vector,
@@ -333,17 +338,31 @@ impl SegmentColumns {
         if self.qstride > 0 {
             encode_int8_row(vector, &mut self.quant[slot * self.qstride..(slot + 1) * self.qstride]);
         }
+        self.put_row(slot, row, stored_bytes);
     }
 
     /// As `put`, for a vector already stored in the bank's precision (a
     /// checked copy from the mapped column): its bytes are copied.
     fn put_stored(&mut self, slot: usize, row: &Row, stored: &[u8]) {
-        self.table[slot * ROW_SIZE_BYTES..(slot + 1) * ROW_SIZE_BYTES].copy_from_slice(&row.encode());
         self.vectors[slot * self.stride..slot * self.stride + stored.len()].copy_from_slice(stored);
         if self.qstride > 0 {
             let vector: Vec<f32> = bytemuck::pod_collect_to_vec(stored);
             encode_int8_row(&vector, &mut self.quant[slot * self.qstride..(slot + 1) * self.qstride]);
         }
+        self.put_row(slot, row, stored.len());
+    }
+
+    /// Encodes `row` into its slot with the check fields of the current
+    /// format, taken from the column bytes just written (a format-1 bank
+    /// gains its lane sums here).
+    fn put_row(&mut self, slot: usize, row: &Row, stored_bytes: usize) {
+        let stored = &self.vectors[slot * self.stride..slot * self.stride + stored_bytes];
+        let qrow = (self.qstride > 0).then(|| &self.quant[slot * self.qstride..(slot + 1) * self.qstride]);
+        let checks = VectorChecks::of_stored(crate::format::FORMAT_VERSION, stored, qrow);
+        debug_assert_eq!(checks.crc32, row.vector_crc32, "the vector was checked before the copy");
+        let mut row = row.clone();
+        checks.set_in(&mut row);
+        self.table[slot * ROW_SIZE_BYTES..(slot + 1) * ROW_SIZE_BYTES].copy_from_slice(&row.encode());
     }
 
     /// Writes the segment's files (fsynced later, see `sync_files`);

@@ -164,19 +164,28 @@ impl Bank {
         vector
     }
 
-    /// The `vector_crc32` of a vector as the data files will hold it (the
-    /// f16 bytes in an f16 bank), or None if this bank cannot hold these
-    /// values exactly (a WAL vector an f16 bank never wrote).
-    pub(crate) fn stored_vector_crc(&self, vector: &[f32]) -> Option<u32> {
-        match self.manifest.precision {
-            Precision::F32 | Precision::Int8 => Some(crate::format::vector_crc32(vector)),
+    /// The check fields of a row holding `vector` (its CRC and lane sums
+    /// over the bytes the data files will hold: the f16 bytes in an f16
+    /// bank, plus the int8 row in an int8 bank), or None if this bank
+    /// cannot hold these values exactly (a WAL vector an f16 bank never
+    /// wrote). Every writer of rows takes them from here.
+    pub(crate) fn vector_checks(&self, vector: &[f32]) -> Option<VectorChecks> {
+        let m = &self.manifest;
+        let stored: Vec<u8> = match m.precision {
+            Precision::F32 | Precision::Int8 => bytemuck::cast_slice(vector).to_vec(),
             Precision::F16 if kernels::quant::is_f16_exact(vector) => {
                 let mut bytes = vec![0u8; vector.len() * 2];
                 kernels::quant::encode_f16(vector, &mut bytes);
-                Some(crate::format::crc32(&bytes))
+                bytes
             }
-            Precision::F16 => None,
-        }
+            Precision::F16 => return None,
+        };
+        let qrow = m.precision.qvector_stride_bytes(m.dim_count).map(|qstride| {
+            let mut qrow = vec![0u8; qstride as usize];
+            kernels::quant::encode_int8_row(vector, &mut qrow);
+            qrow
+        });
+        Some(VectorChecks::of_stored(m.version, &stored, qrow.as_deref()))
     }
 
     pub fn is_writer(&self) -> bool {
@@ -320,5 +329,45 @@ impl Bank {
             }
         }
         Ok(due)
+    }
+}
+
+/// The fields of a row that check its vector (FORMAT.md "Node row"): the
+/// CRC (`verify`, single reads, maintenance) and the lane sums the scan
+/// kernels compute on the fly (first scan of a vector and its int8 row).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct VectorChecks {
+    pub crc32: u32,
+    pub sum32: u32,
+    pub qsum32: u32,
+}
+
+impl VectorChecks {
+    /// Of a vector's stored bytes and, in an int8 bank, its whole int8
+    /// row; a format-1 bank has no lane sums (zero).
+    pub(crate) fn of_stored(version: u32, stored: &[u8], qrow: Option<&[u8]>) -> VectorChecks {
+        let sums = version >= 2;
+        VectorChecks {
+            crc32: crate::format::crc32(stored),
+            sum32: if sums { crate::format::lane_sum32(stored) } else { 0 },
+            qsum32: match qrow {
+                Some(qrow) if sums => crate::format::lane_sum32(qrow),
+                _ => 0,
+            },
+        }
+    }
+
+    pub(crate) fn of_row(row: &Row) -> VectorChecks {
+        VectorChecks {
+            crc32: row.vector_crc32,
+            sum32: row.vector_sum32,
+            qsum32: row.qvector_sum32,
+        }
+    }
+
+    pub(crate) fn set_in(self, row: &mut Row) {
+        row.vector_crc32 = self.crc32;
+        row.vector_sum32 = self.sum32;
+        row.qvector_sum32 = self.qsum32;
     }
 }

@@ -320,6 +320,7 @@ impl Bank {
             Placement::Root => (NodeType::Root, None, 1),
             Placement::Residual { parent, depth } => (NodeType::Residual, Some(parent), depth),
         };
+        let checks = self.vector_checks(&vector).expect("storable_vector made it exact");
         let row = Row {
             index,
             parent: parent.unwrap_or(NODE_NONE),
@@ -331,11 +332,13 @@ impl Bank {
             success_hits: 0,
             retrievals: 0,
             link: NODE_NONE,
-            vector_crc32: self.stored_vector_crc(&vector).expect("storable_vector made it exact"),
+            vector_crc32: checks.crc32,
             payload_offset_bytes: self.overlay.payload_end_bytes,
             payload_size_bytes: payload_record.len() as u32,
+            vector_sum32: checks.sum32,
             created_unix_ms: now_unix_ms(),
             external_id,
+            qvector_sum32: checks.qsum32,
         };
         let ack = InsertAck {
             id: index,
@@ -590,8 +593,10 @@ impl Bank {
             vector_crc32: source.vector_crc32,
             payload_offset_bytes: self.overlay.payload_end_bytes,
             payload_size_bytes: payload_record.len() as u32,
+            vector_sum32: source.vector_sum32,
             created_unix_ms: now_unix_ms(),
             external_id: [0; 16],
+            qvector_sum32: source.qvector_sum32,
         };
         source.flags |= FLAG_CONSOLIDATED;
         source.link = new_root;

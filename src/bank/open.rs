@@ -162,6 +162,7 @@ impl Bank {
             .unwrap_or_else(|| default_rows_per_segment(config.precision.vector_stride_bytes(config.dim_count)));
         let salt = new_salt(0);
         let manifest = Manifest {
+            version: crate::format::FORMAT_VERSION,
             sequence: 1,
             flags: 0,
             dim_count: config.dim_count,

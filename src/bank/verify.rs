@@ -233,6 +233,34 @@ impl Bank {
         Ok(())
     }
 
+    /// The row's lane sums against its (checked) vector and int8 row: the
+    /// scan checks first reads with them, so a row whose sums are wrong
+    /// under a valid CRC (a forged row) would fail scans of a good vector.
+    fn verify_lane_sums(&self, row: &Row, stored: &[u8], qrow: Option<&[u8]>, report: &mut VerifyReport) {
+        use crate::format::row::{ROW_QVECTOR_SUM_OFFSET, ROW_VECTOR_SUM_OFFSET};
+        let want = super::VectorChecks::of_stored(self.base.version, stored, qrow);
+        let fields = [
+            (want.sum32, row.vector_sum32, ROW_VECTOR_SUM_OFFSET, "vector_sum32"),
+            (want.qsum32, row.qvector_sum32, ROW_QVECTOR_SUM_OFFSET, "qvector_sum32"),
+        ];
+        for (want, have, offset, name) in fields {
+            // An int8 row that failed its own check was reported already.
+            if want != have && (offset == ROW_VECTOR_SUM_OFFSET || qrow.is_some()) {
+                let segment = row.index / self.base.rows_per_segment;
+                let row_at = (row.index % self.base.rows_per_segment) as usize * ROW_SIZE_BYTES;
+                report.add(
+                    self.storage
+                        .describe(&crate::storage::table_segment_file(self.manifest.generation, segment)),
+                    (row_at + offset) as u64,
+                    format!(
+                        "{name} of node {} is {have:#010x}, its bytes give {want:#010x}",
+                        row.index
+                    ),
+                );
+            }
+        }
+    }
+
     /// Row shape, links, vector checksum and norm, padding, payload record.
     fn verify_node(
         &self,
@@ -275,12 +303,15 @@ impl Bank {
                 }
                 // The int8 row is derived from the (now checked) f32
                 // vector: equality with the recomputation is its check.
+                let mut qrow = None;
                 if let Some(quant) = &maps.quant {
                     let stored_q = &quant[self.base.qvector_range(row.index)];
-                    if let Err(e) = self.base.check_qvector(row.index, &v, stored_q, &mut Vec::new()) {
-                        report.add_error(&self.storage.describe(""), e);
+                    match self.base.check_qvector(row.index, &v, stored_q, &mut Vec::new()) {
+                        Ok(()) => qrow = Some(stored_q),
+                        Err(e) => report.add_error(&self.storage.describe(""), e),
                     }
                 }
+                self.verify_lane_sums(row, stored, qrow, report);
             }
             let pad_end = range.start + self.base.stride_bytes as usize;
             if let Some(at) = maps.vectors[range.end..pad_end].iter().position(|&b| b != 0) {

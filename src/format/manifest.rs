@@ -120,6 +120,10 @@ pub struct TreeSpec {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Manifest {
+    /// The format version of the bank (1 or 2, FORMAT.md §3): version 2
+    /// rows carry lane sums. Kept by checkpoints; `compact` and `freeze`
+    /// write the current one.
+    pub version: u32,
     pub sequence: u64,
     pub flags: u32,
     pub dim_count: u32,
@@ -154,7 +158,8 @@ impl Manifest {
         assert!(self.trees.len() <= MAX_TREES);
         let mut b = [0u8; MANIFEST_SIZE_BYTES];
         b[MAN_MAGIC_OFFSET..MAN_MAGIC_OFFSET + 8].copy_from_slice(&MANIFEST_MAGIC);
-        put_u32(&mut b, MAN_VERSION_OFFSET, FORMAT_VERSION);
+        assert!((OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&self.version));
+        put_u32(&mut b, MAN_VERSION_OFFSET, self.version);
         put_u32(&mut b, MAN_SIZE_OFFSET, MANIFEST_SIZE_BYTES as u32);
         put_u64(&mut b, MAN_SEQUENCE_OFFSET, self.sequence);
         put_u32(&mut b, MAN_FLAGS_OFFSET, self.flags);
@@ -204,7 +209,7 @@ impl Manifest {
         // Version is checked before the CRC so that a future version with a
         // different layout gets the clear "unsupported version" message.
         let version = get_u32(b, MAN_VERSION_OFFSET);
-        if version != FORMAT_VERSION {
+        if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(FormatError::UnsupportedVersion {
                 what: WHAT,
                 found: version,
@@ -234,6 +239,7 @@ impl Manifest {
             detail: format!("unknown precision {}", b[MAN_PRECISION_OFFSET]),
         })?;
         let m = Manifest {
+            version,
             sequence: get_u64(b, MAN_SEQUENCE_OFFSET),
             flags,
             dim_count: get_u32(b, MAN_DIM_OFFSET),
@@ -429,6 +435,7 @@ mod tests {
 
     pub(crate) fn sample() -> Manifest {
         Manifest {
+            version: FORMAT_VERSION,
             sequence: 7,
             flags: 0,
             dim_count: 768,
@@ -517,8 +524,13 @@ mod tests {
     #[test]
     fn unknown_version_is_refused_by_name() {
         let mut b = sample().encode();
-        put_u32(&mut b, MAN_VERSION_OFFSET, 2);
-        let err = Manifest::decode(&b).unwrap_err();
-        assert!(matches!(err, FormatError::UnsupportedVersion { found: 2, .. }), "{err}");
+        for version in [0, FORMAT_VERSION + 1] {
+            put_u32(&mut b, MAN_VERSION_OFFSET, version);
+            let err = Manifest::decode(&b).unwrap_err();
+            assert!(
+                matches!(err, FormatError::UnsupportedVersion { found, .. } if found == version),
+                "{err}"
+            );
+        }
     }
 }

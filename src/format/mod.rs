@@ -18,7 +18,7 @@ use thiserror::Error;
 pub enum FormatError {
     #[error("{what}: bad magic at offset {offset_bytes} (not a deltamem file?)")]
     BadMagic { what: &'static str, offset_bytes: u64 },
-    #[error("{what}: unsupported format version {found} (this build reads version {supported})")]
+    #[error("{what}: unsupported format version {found} (this build reads versions up to {supported})")]
     UnsupportedVersion {
         what: &'static str,
         found: u32,
@@ -58,8 +58,17 @@ impl FormatError {
     }
 }
 
-/// The single format version this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this build writes. It also reads every version from
+/// `OLDEST_FORMAT_VERSION` on (FORMAT.md §3).
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The oldest format version this build reads: version 1 rows carry no
+/// lane sums, so scans check their vectors with the CRC instead.
+pub const OLDEST_FORMAT_VERSION: u32 = 1;
+
+/// The version of the WAL header layout, unchanged since version 1 (the
+/// manifest's version says how the rows inside the WAL are read).
+pub const WAL_FORMAT_VERSION: u32 = 1;
 
 /// Sentinel for "no node" in u32 node-index fields (parent of a root, link).
 pub const NODE_NONE: u32 = u32::MAX;
@@ -120,6 +129,48 @@ pub fn crc32(bytes: &[u8]) -> u32 {
 /// CRC of the vector bytes as stored (little-endian f32 components).
 pub fn vector_crc32(vector: &[f32]) -> u32 {
     crc32(bytemuck::cast_slice(vector))
+}
+
+/// Lanes of the lane sum (`lane_sum32`): 16 words, one 64-byte cache line.
+pub const LANE_SUM_LANES: usize = 16;
+
+/// The odd weight of each lane in `lane_sum32`'s fold. Odd, so a change of
+/// any one word changes the folded value (an odd number is invertible mod
+/// 2^32); distinct, so moving a word to another lane usually does too.
+pub const LANE_SUM_WEIGHTS: [u32; LANE_SUM_LANES] = {
+    let mut w = [0u32; LANE_SUM_LANES];
+    let mut j = 0;
+    while j < LANE_SUM_LANES {
+        w[j] = 0x9E37_79B9u32.wrapping_mul(2 * j as u32 + 1) | 1;
+        j += 1;
+    }
+    w
+};
+
+/// The lane sum of stored bytes (FORMAT.md "Node row", `vector_sum32`): the
+/// bytes as little-endian u32 words (the last one zero-extended), word `i`
+/// added (wrapping) into lane `i % 16`, and the lanes folded by
+/// `fold_lanes`. A scan kernel computes it with one integer add per load
+/// while it reads the row for the dot product, so checking a vector on
+/// first read costs no second pass; this is the portable definition every
+/// kernel must equal, and the one function writers call.
+pub fn lane_sum32(bytes: &[u8]) -> u32 {
+    let mut lanes = [0u32; LANE_SUM_LANES];
+    for (i, word) in bytes.chunks(4).enumerate() {
+        let mut w = [0u8; 4];
+        w[..word.len()].copy_from_slice(word);
+        lanes[i % LANE_SUM_LANES] = lanes[i % LANE_SUM_LANES].wrapping_add(u32::from_le_bytes(w));
+    }
+    fold_lanes(&lanes)
+}
+
+/// Folds 16 lane totals into the 32-bit lane sum: `sum_j w_j * lane_j`
+/// (wrapping), `w` = `LANE_SUM_WEIGHTS`.
+pub fn fold_lanes(lanes: &[u32; LANE_SUM_LANES]) -> u32 {
+    lanes
+        .iter()
+        .zip(LANE_SUM_WEIGHTS)
+        .fold(0u32, |acc, (&lane, w)| acc.wrapping_add(lane.wrapping_mul(w)))
 }
 
 pub(crate) fn get_u16(buf: &[u8], offset: usize) -> u16 {

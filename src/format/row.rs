@@ -19,18 +19,32 @@ pub const ROW_LINK_OFFSET: usize = 24;
 pub const ROW_VECTOR_CRC_OFFSET: usize = 28;
 pub const ROW_PAYLOAD_OFFSET_OFFSET: usize = 32;
 pub const ROW_PAYLOAD_SIZE_OFFSET: usize = 40;
+pub const ROW_VECTOR_SUM_OFFSET: usize = 44;
 pub const ROW_CREATED_OFFSET: usize = 48;
 pub const ROW_EXTERNAL_ID_OFFSET: usize = 56;
+pub const ROW_QVECTOR_SUM_OFFSET: usize = 72;
 pub const ROW_CRC_OFFSET: usize = 124;
 
 pub const EXTERNAL_ID_MAX_BYTES: usize = 16;
 
 /// Byte ranges of a row that must be zero (FORMAT.md "Node row").
-pub const ROW_RESERVED: [std::ops::Range<usize>; 3] = [
+pub const ROW_RESERVED: [std::ops::Range<usize>; 2] = [
     ROW_FLAGS_OFFSET + 1..ROW_SUCCESS_HITS_OFFSET,
-    ROW_PAYLOAD_SIZE_OFFSET + 4..ROW_CREATED_OFFSET,
-    ROW_EXTERNAL_ID_OFFSET + EXTERNAL_ID_MAX_BYTES..ROW_CRC_OFFSET,
+    ROW_QVECTOR_SUM_OFFSET + 4..ROW_CRC_OFFSET,
 ];
+
+/// The lane-sum fields, reserved (zero) in format version 1 rows.
+pub const ROW_SUMS_V1_RESERVED: [std::ops::Range<usize>; 2] = [
+    ROW_VECTOR_SUM_OFFSET..ROW_VECTOR_SUM_OFFSET + 4,
+    ROW_QVECTOR_SUM_OFFSET..ROW_QVECTOR_SUM_OFFSET + 4,
+];
+
+/// What a residue check of a whole row gives: the CRC-32 of any message
+/// followed by its own CRC (little-endian) is this constant, so
+/// `crc32(row[0..128]) == ROW_CRC_RESIDUE` holds exactly when the stored
+/// `crc32` equals `crc32(row[0..124])`. One 128-byte CRC is the fast
+/// path of crc32fast; 124 bytes is not.
+pub const ROW_CRC_RESIDUE: u32 = 0x2144_DF1C;
 
 /// Row flag: this node's chain was distilled into a new root.
 pub const FLAG_CONSOLIDATED: u8 = 1 << 0;
@@ -82,6 +96,15 @@ impl Label {
     }
 }
 
+/// What a row's fields are checked against: the bank's manifest.
+#[derive(Debug, Clone, Copy)]
+pub struct RowBounds {
+    pub tree_count: usize,
+    pub max_depth: u8,
+    pub version: u32,
+    pub has_side_column: bool,
+}
+
 /// A decoded node-table row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Row {
@@ -102,8 +125,13 @@ pub struct Row {
     pub vector_crc32: u32,
     pub payload_offset_bytes: u64,
     pub payload_size_bytes: u32,
+    /// `lane_sum32` of the stored vector bytes (format 2; 0 in format 1).
+    pub vector_sum32: u32,
     pub created_unix_ms: u64,
     pub external_id: [u8; EXTERNAL_ID_MAX_BYTES],
+    /// `lane_sum32` of the whole int8 side-column row (format 2, precision
+    /// 2; 0 otherwise).
+    pub qvector_sum32: u32,
 }
 
 impl Row {
@@ -138,8 +166,10 @@ impl Row {
         put_u32(&mut b, ROW_VECTOR_CRC_OFFSET, self.vector_crc32);
         put_u64(&mut b, ROW_PAYLOAD_OFFSET_OFFSET, self.payload_offset_bytes);
         put_u32(&mut b, ROW_PAYLOAD_SIZE_OFFSET, self.payload_size_bytes);
+        put_u32(&mut b, ROW_VECTOR_SUM_OFFSET, self.vector_sum32);
         put_u64(&mut b, ROW_CREATED_OFFSET, self.created_unix_ms);
         b[ROW_EXTERNAL_ID_OFFSET..ROW_EXTERNAL_ID_OFFSET + EXTERNAL_ID_MAX_BYTES].copy_from_slice(&self.external_id);
+        put_u32(&mut b, ROW_QVECTOR_SUM_OFFSET, self.qvector_sum32);
         let crc = crc32(&b[..ROW_CRC_OFFSET]);
         put_u32(&mut b, ROW_CRC_OFFSET, crc);
         b
@@ -171,16 +201,67 @@ impl Row {
         Ok(())
     }
 
+    /// Whether `b` (a full row) passes every check of `decode`,
+    /// `check_ranges` and `check_sums_allowed`, without building the row
+    /// or an error: the first scan of a segment checks a million rows, and
+    /// only a failing one needs the slow path's error (which must then
+    /// fail: `the_fast_check_agrees_with_decode` holds the two together).
+    #[inline]
+    pub fn passes_checks(b: &[u8; ROW_SIZE_BYTES], expected_index: u32, bank: RowBounds) -> bool {
+        let parent = get_u32(b, ROW_PARENT_OFFSET);
+        let (tree, depth) = (get_u16(b, ROW_TREE_OFFSET), b[ROW_DEPTH_OFFSET]);
+        let sum = get_u32(b, ROW_VECTOR_SUM_OFFSET);
+        let qsum = get_u32(b, ROW_QVECTOR_SUM_OFFSET);
+        let reserved_zero = ROW_RESERVED.iter().all(|r| b[r.clone()].iter().all(|&x| x == 0));
+        crc32(b) == ROW_CRC_RESIDUE
+            && get_u32(b, ROW_INDEX_OFFSET) == expected_index
+            && b[ROW_TYPE_OFFSET] <= 1
+            && b[ROW_LABEL_OFFSET] <= 1
+            && b[ROW_FLAGS_OFFSET] & !KNOWN_FLAGS == 0
+            && reserved_zero
+            && usize::from(tree) < bank.tree_count
+            && depth != 0
+            && depth <= bank.max_depth
+            && (parent == NODE_NONE || parent < expected_index)
+            && (bank.version >= 2 || sum == 0)
+            && ((bank.version >= 2 && bank.has_side_column) || qsum == 0)
+    }
+
+    /// The lane-sum fields against the bank's format version and side
+    /// column: format 1 reserved them (zero), and a bank without an int8
+    /// side column has no int8 row to sum.
+    pub fn check_sums_allowed(&self, version: u32, has_side_column: bool) -> Result<(), FormatError> {
+        let reserved = |offset: usize, value: u32, why: &str| FormatError::Invalid {
+            what: WHAT,
+            offset_bytes: offset as u64,
+            detail: format!("row {} holds {value:#010x} where {why} (must be zero)", self.index),
+        };
+        if version < 2 && self.vector_sum32 != 0 {
+            return Err(reserved(
+                ROW_VECTOR_SUM_OFFSET,
+                self.vector_sum32,
+                "format 1 reserves the bytes",
+            ));
+        }
+        if (version < 2 || !has_side_column) && self.qvector_sum32 != 0 {
+            let why = "the bank has no int8 row lane sum";
+            return Err(reserved(ROW_QVECTOR_SUM_OFFSET, self.qvector_sum32, why));
+        }
+        Ok(())
+    }
+
     /// Decodes and checks one row. `expected_index` is the row's position in
     /// the table: a row stored at the wrong place is corruption too.
     pub fn decode(b: &[u8], expected_index: u32) -> Result<Row, FormatError> {
         need(WHAT, b, ROW_SIZE_BYTES)?;
-        check_crc(
-            WHAT,
-            ROW_CRC_OFFSET as u64,
-            get_u32(b, ROW_CRC_OFFSET),
-            crc32(&b[..ROW_CRC_OFFSET]),
-        )?;
+        if crc32(&b[..ROW_SIZE_BYTES]) != ROW_CRC_RESIDUE {
+            check_crc(
+                WHAT,
+                ROW_CRC_OFFSET as u64,
+                get_u32(b, ROW_CRC_OFFSET),
+                crc32(&b[..ROW_CRC_OFFSET]),
+            )?;
+        }
         let invalid = |offset: usize, detail: String| FormatError::Invalid {
             what: WHAT,
             offset_bytes: offset as u64,
@@ -226,8 +307,10 @@ impl Row {
             vector_crc32: get_u32(b, ROW_VECTOR_CRC_OFFSET),
             payload_offset_bytes: get_u64(b, ROW_PAYLOAD_OFFSET_OFFSET),
             payload_size_bytes: get_u32(b, ROW_PAYLOAD_SIZE_OFFSET),
+            vector_sum32: get_u32(b, ROW_VECTOR_SUM_OFFSET),
             created_unix_ms: get_u64(b, ROW_CREATED_OFFSET),
             external_id,
+            qvector_sum32: get_u32(b, ROW_QVECTOR_SUM_OFFSET),
         })
     }
 
@@ -318,8 +401,64 @@ mod tests {
             vector_crc32: 0xABCD,
             payload_offset_bytes: 1 << 33,
             payload_size_bytes: 777,
+            vector_sum32: 0x1234_5678,
             created_unix_ms: 1_773_056_512_000,
             external_id,
+            qvector_sum32: 0x9ABC_DEF0,
+        }
+    }
+
+    /// Every single-bit change of a row, with its CRC rewritten (so the
+    /// field checks are reached) and without: the fast check passes
+    /// exactly the rows the full decode and field checks accept.
+    #[test]
+    fn the_fast_check_agrees_with_decode() {
+        for version in [1, 2] {
+            for has_side_column in [false, true] {
+                let bank = RowBounds {
+                    tree_count: 2,
+                    max_depth: 3,
+                    version,
+                    has_side_column,
+                };
+                let mut row = sample();
+                (row.depth, row.parent) = (2, 4);
+                let good = row.encode();
+                for bit in 0..ROW_SIZE_BYTES * 8 {
+                    for fresh_crc in [false, true] {
+                        let mut b = good;
+                        b[bit / 8] ^= 1 << (bit % 8);
+                        if fresh_crc {
+                            let crc = crc32(&b[..ROW_CRC_OFFSET]);
+                            put_u32(&mut b, ROW_CRC_OFFSET, crc);
+                        }
+                        let slow = Row::decode(&b, 9).and_then(|r| {
+                            r.check_ranges(bank.tree_count, bank.max_depth)?;
+                            r.check_sums_allowed(version, has_side_column)
+                        });
+                        assert_eq!(
+                            Row::passes_checks(&b, 9, bank),
+                            slow.is_ok(),
+                            "bit {bit} {bank:?} {slow:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_residue_check_agrees_with_the_stored_crc() {
+        let mut b = sample().encode();
+        assert_eq!(crc32(&b), ROW_CRC_RESIDUE);
+        for bit in 0..ROW_SIZE_BYTES * 8 {
+            b[bit / 8] ^= 1 << (bit % 8);
+            assert_ne!(crc32(&b), ROW_CRC_RESIDUE, "bit {bit}");
+            assert!(
+                matches!(Row::decode(&b, 9), Err(FormatError::Checksum { .. })),
+                "bit {bit}"
+            );
+            b[bit / 8] ^= 1 << (bit % 8);
         }
     }
 

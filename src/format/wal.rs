@@ -57,7 +57,7 @@ impl WalHeader {
     pub fn encode(&self) -> [u8; WAL_HEADER_SIZE_BYTES] {
         let mut b = [0u8; WAL_HEADER_SIZE_BYTES];
         b[..8].copy_from_slice(&WAL_MAGIC);
-        put_u32(&mut b, WALH_VERSION_OFFSET, FORMAT_VERSION);
+        put_u32(&mut b, WALH_VERSION_OFFSET, WAL_FORMAT_VERSION);
         put_u64(&mut b, WALH_SALT_OFFSET, self.salt);
         put_u64(&mut b, WALH_START_LSN_OFFSET, self.start_lsn);
         let crc = crc32(&b[..WALH_CRC_OFFSET]);
@@ -74,11 +74,11 @@ impl WalHeader {
             });
         }
         let version = get_u32(b, WALH_VERSION_OFFSET);
-        if version != FORMAT_VERSION {
+        if version != WAL_FORMAT_VERSION {
             return Err(FormatError::UnsupportedVersion {
                 what: WHAT_HEADER,
                 found: version,
-                supported: FORMAT_VERSION,
+                supported: WAL_FORMAT_VERSION,
             });
         }
         check_crc(
@@ -295,6 +295,8 @@ mod tests {
             payload_size_bytes: 3,
             created_unix_ms: 0,
             external_id: [0; 16],
+            vector_sum32: 0,
+            qvector_sum32: 0,
         }
     }
 

@@ -275,6 +275,8 @@ mod tests {
             payload_size_bytes: 0,
             created_unix_ms: 0,
             external_id: [0; 16],
+            vector_sum32: 0,
+            qvector_sum32: 0,
         }
     }
 

@@ -136,41 +136,92 @@ fn check_queries<T>(queries: &[&[T]], dim: usize, out_len: usize, rows: usize) {
 /// Scores f32 rows (`dim` LE f32 each): `out[i * queries.len() + b]` =
 /// query b . row i.
 pub fn score_f32(level: Level, queries: &[&[f32]], dim: usize, rows: Rows<'_>, out: &mut [f32]) {
-    check_queries(queries, dim, out.len(), rows.slots.len());
-    rows.check(dim * 4);
-    match level {
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx512 if Level::Avx512.is_supported() => {
-            // SAFETY: the CPU has the features (checked above); rows and
-            // queries were bounds-checked above.
-            unsafe { x86::score_f32_avx512(queries, dim, rows, out) }
-        }
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2 if Level::Avx2.is_supported() => {
-            // SAFETY: as above.
-            unsafe { x86::score_f32_avx2(queries, dim, rows, out) }
-        }
-        _ => portable::score_f32(queries, dim, rows, out),
-    }
+    score_float::<false>(Format::F32, level, queries, dim, rows, out, &mut []);
+}
+
+/// `score_f32`, and `sums[i]` = the lane sum (`format::lane_sum32`) of row
+/// i's `dim * 4` bytes, computed from the same loads: the scan's check of
+/// a vector on first read, at the cost of an integer add per load.
+pub fn score_f32_summed(
+    level: Level,
+    queries: &[&[f32]],
+    dim: usize,
+    rows: Rows<'_>,
+    out: &mut [f32],
+    sums: &mut [u32],
+) {
+    score_float::<true>(Format::F32, level, queries, dim, rows, out, sums);
 }
 
 /// Scores f16 rows (`dim` LE binary16 each), accumulated in f32: the same
 /// score `score_f32` gives for the rows converted to f32.
 pub fn score_f16(level: Level, queries: &[&[f32]], dim: usize, rows: Rows<'_>, out: &mut [f32]) {
+    score_float::<false>(Format::F16, level, queries, dim, rows, out, &mut []);
+}
+
+/// `score_f16`, and `sums[i]` = the lane sum of row i's `dim * 2` stored
+/// bytes (as `score_f32_summed`).
+pub fn score_f16_summed(
+    level: Level,
+    queries: &[&[f32]],
+    dim: usize,
+    rows: Rows<'_>,
+    out: &mut [f32],
+    sums: &mut [u32],
+) {
+    score_float::<true>(Format::F16, level, queries, dim, rows, out, sums);
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Format {
+    F32,
+    F16,
+}
+
+fn score_float<const C: bool>(
+    format: Format,
+    level: Level,
+    queries: &[&[f32]],
+    dim: usize,
+    rows: Rows<'_>,
+    out: &mut [f32],
+    sums: &mut [u32],
+) {
     check_queries(queries, dim, out.len(), rows.slots.len());
-    rows.check(dim * 2);
-    match level {
+    assert!(!C || sums.len() >= rows.slots.len(), "a lane sum per row");
+    let row_bytes = if format == Format::F32 { dim * 4 } else { dim * 2 };
+    rows.check(row_bytes);
+    match (level, format) {
         #[cfg(target_arch = "x86_64")]
-        Level::Avx512 if Level::Avx512.is_supported() => {
-            // SAFETY: the CPU has the features; bounds checked above.
-            unsafe { x86::score_f16_avx512(queries, dim, rows, out) }
+        (Level::Avx512, Format::F32) if Level::Avx512.is_supported() => {
+            // SAFETY: the CPU has the features (checked above); rows and
+            // queries were bounds-checked above, sums sized.
+            unsafe { x86::score_f32_avx512::<C>(queries, dim, rows, out, sums) }
         }
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 if Level::Avx2.is_supported() => {
+        (Level::Avx512, Format::F16) if Level::Avx512.is_supported() => {
             // SAFETY: as above.
-            unsafe { x86::score_f16_avx2(queries, dim, rows, out) }
+            unsafe { x86::score_f16_avx512::<C>(queries, dim, rows, out, sums) }
         }
-        _ => portable::score_f16(queries, dim, rows, out),
+        #[cfg(target_arch = "x86_64")]
+        (Level::Avx2, Format::F32) if Level::Avx2.is_supported() => {
+            // SAFETY: as above.
+            unsafe { x86::score_f32_avx2::<C>(queries, dim, rows, out, sums) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Level::Avx2, Format::F16) if Level::Avx2.is_supported() => {
+            // SAFETY: as above.
+            unsafe { x86::score_f16_avx2::<C>(queries, dim, rows, out, sums) }
+        }
+        _ => {
+            match format {
+                Format::F32 => portable::score_f32(queries, dim, rows, out),
+                Format::F16 => portable::score_f16(queries, dim, rows, out),
+            }
+            if C {
+                portable::lane_sums(rows, row_bytes, sums);
+            }
+        }
     }
 }
 
@@ -258,15 +309,48 @@ impl Int8Path {
 /// start: `Codes` explains the layout) with int8 query codes. Exact:
 /// |sum| <= 255 * 127 * 16384 < 2^31.
 pub fn score_i8(level: Level, queries: &[&Codes], rows: Rows<'_>, out: &mut [i32]) {
+    score_i8_any::<false>(level, best_int8_path(level), queries, rows, out, &mut [])
+}
+
+/// `score_i8`, and `sums[i]` = the lane sum of side-column row i (all of
+/// its `row_bytes`), from the same loads.
+pub fn score_i8_summed(level: Level, queries: &[&Codes], rows: Rows<'_>, out: &mut [i32], sums: &mut [u32]) {
+    score_i8_any::<true>(level, best_int8_path(level), queries, rows, out, sums)
+}
+
+fn best_int8_path(level: Level) -> Int8Path {
     static BEST: OnceLock<[Int8Path; 3]> = OnceLock::new();
     let best = BEST.get_or_init(|| [Level::Portable, Level::Avx2, Level::Avx512].map(Int8Path::best));
-    score_i8_path(level, best[level as usize], queries, rows, out)
+    best[level as usize]
 }
 
 /// `score_i8` with the instruction choice made by the caller (tests and
 /// benchmarks run them all); a path that cannot run at `level` falls back
 /// to multiply-add.
 pub fn score_i8_path(level: Level, path: Int8Path, queries: &[&Codes], rows: Rows<'_>, out: &mut [i32]) {
+    score_i8_any::<false>(level, path, queries, rows, out, &mut [])
+}
+
+/// `score_i8_path` with lane sums (as `score_i8_summed`).
+pub fn score_i8_path_summed(
+    level: Level,
+    path: Int8Path,
+    queries: &[&Codes],
+    rows: Rows<'_>,
+    out: &mut [i32],
+    sums: &mut [u32],
+) {
+    score_i8_any::<true>(level, path, queries, rows, out, sums)
+}
+
+fn score_i8_any<const C: bool>(
+    level: Level,
+    path: Int8Path,
+    queries: &[&Codes],
+    rows: Rows<'_>,
+    out: &mut [i32],
+    sums: &mut [u32],
+) {
     let len = queries.first().map_or(0, |q| q.row_bytes());
     let mut wide: [&[i16]; MAX_BLOCK] = [&[]; MAX_BLOCK];
     for (w, q) in wide.iter_mut().zip(queries) {
@@ -275,6 +359,7 @@ pub fn score_i8_path(level: Level, path: Int8Path, queries: &[&Codes], rows: Row
     let wide = &wide[..queries.len().min(MAX_BLOCK)];
     check_queries(wide, len, out.len(), rows.slots.len());
     assert!(len.is_multiple_of(64), "codes are padded to 64 lanes");
+    assert!(!C || sums.len() >= rows.slots.len(), "a lane sum per row");
     rows.check(len);
     let path = if path.runs_at(level) {
         path
@@ -285,25 +370,30 @@ pub fn score_i8_path(level: Level, path: Int8Path, queries: &[&Codes], rows: Row
         #[cfg(target_arch = "x86_64")]
         (_, Int8Path::Vnni512) => {
             // SAFETY: `runs_at` checked the CPU features; rows and queries
-            // were bounds-checked above.
-            unsafe { x86::score_i8_vnni512(queries, len, rows, out) }
+            // were bounds-checked above, sums sized.
+            unsafe { x86::score_i8_vnni512::<C>(queries, len, rows, out, sums) }
         }
         #[cfg(target_arch = "x86_64")]
         (_, Int8Path::Vnni256) => {
             // SAFETY: as above.
-            unsafe { x86::score_i8_vnni256(queries, len, rows, out) }
+            unsafe { x86::score_i8_vnni256::<C>(queries, len, rows, out, sums) }
         }
         #[cfg(target_arch = "x86_64")]
         (Level::Avx512, _) if Level::Avx512.is_supported() => {
             // SAFETY: the CPU has the level's features; bounds as above.
-            unsafe { x86::score_i8_avx512(wide, len, rows, out) }
+            unsafe { x86::score_i8_avx512::<C>(wide, len, rows, out, sums) }
         }
         #[cfg(target_arch = "x86_64")]
         (Level::Avx2, _) if Level::Avx2.is_supported() => {
             // SAFETY: as above.
-            unsafe { x86::score_i8_avx2(wide, len, rows, out) }
+            unsafe { x86::score_i8_avx2::<C>(wide, len, rows, out, sums) }
         }
-        _ => portable::score_i8(wide, len, rows, out),
+        _ => {
+            portable::score_i8(wide, len, rows, out);
+            if C {
+                portable::lane_sums(rows, len, sums);
+            }
+        }
     }
 }
 

@@ -68,3 +68,11 @@ pub(super) fn score_i8(queries: &[&[i16]], dim: usize, rows: Rows<'_>, out: &mut
         }
     }
 }
+
+/// The lane sum of each row's first `row_bytes` bytes (the definition,
+/// `format::lane_sum32`, run on the row just scored: it is in L1).
+pub(super) fn lane_sums(rows: Rows<'_>, row_bytes: usize, sums: &mut [u32]) {
+    for (i, sum) in sums.iter_mut().enumerate().take(rows.slots.len()) {
+        *sum = crate::format::lane_sum32(rows.row(i, row_bytes));
+    }
+}

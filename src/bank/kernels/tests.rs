@@ -355,3 +355,107 @@ fn int8_code_rounds_like_f32_round() {
         assert_eq!(row[4] as i8, want, "{y}");
     }
 }
+
+/// Rows of random bytes (any bit pattern, NaN and infinity included) at an
+/// odd offset, and the slots that pick them in a scrambled order.
+fn random_column(rng: &mut Rng, rows: usize, row_bytes: usize, stride: usize) -> (Vec<u8>, Vec<u32>) {
+    let bytes: Vec<u8> = (0..rows * stride + 3).map(|_| rng.next() as u8).collect();
+    let slots: Vec<u32> = (0..rows as u32).rev().collect();
+    assert!(row_bytes <= stride);
+    (bytes, slots)
+}
+
+/// The rows of a `random_column` and the lane sum of each one's first
+/// `row_bytes` bytes, by the definition (`format::lane_sum32`).
+fn rows_and_sums<'a>(bytes: &'a [u8], slots: &'a [u32], stride: usize, row_bytes: usize) -> (Rows<'a>, Vec<u32>) {
+    let rows = Rows {
+        bytes,
+        stride_bytes: stride,
+        offset_bytes: 3,
+        slots,
+    };
+    let sums = (0..slots.len())
+        .map(|i| crate::format::lane_sum32(rows.row(i, row_bytes)))
+        .collect();
+    (rows, sums)
+}
+
+/// The float kernels' lane sums equal `format::lane_sum32` of each row's
+/// stored bytes at every level, for every length (tails of every size and
+/// parity, dims not a multiple of 16) and block size (only the first group
+/// of queries sums), and summing changes no score bit.
+#[test]
+fn float_kernel_lane_sums_equal_the_portable_definition() {
+    let mut rng = Rng(21);
+    let lengths = LENGTHS
+        .into_iter()
+        .chain([5, 11, 13, 18, 24, 40, 47, 49, 56, 95, 383, 769]);
+    for level in Level::all_supported() {
+        for n in lengths.clone() {
+            for (format, component_bytes) in [(Format::F32, 4), (Format::F16, 2)] {
+                let stride = component_bytes * n + 7;
+                let (bytes, slots) = random_column(&mut rng, 6, component_bytes * n, stride);
+                let (rows, want) = rows_and_sums(&bytes, &slots, stride, component_bytes * n);
+                for nq in [1, 3, 4, 5, MAX_BLOCK] {
+                    let queries: Vec<Vec<f32>> = (0..nq).map(|_| vector(&mut rng, n)).collect();
+                    let refs: Vec<&[f32]> = queries.iter().map(|q| q.as_slice()).collect();
+                    let (mut plain, mut summed) = (vec![0.0f32; 6 * nq], vec![0.0f32; 6 * nq]);
+                    let mut sums = vec![0u32; 6];
+                    let (score, score_summed): (fn(_, _, _, _, &mut [f32]), fn(_, _, _, _, &mut [f32], &mut [u32])) =
+                        match format {
+                            Format::F32 => (score_f32, score_f32_summed),
+                            Format::F16 => (score_f16, score_f16_summed),
+                        };
+                    score(level, &refs, n, rows, &mut plain);
+                    score_summed(level, &refs, n, rows, &mut summed, &mut sums);
+                    assert_eq!(
+                        sums, want,
+                        "{level:?} n={n} nq={nq} {}-byte components",
+                        component_bytes
+                    );
+                    // Random bytes hold NaNs, whose payload may differ.
+                    let bits = |v: &[f32]| {
+                        v.iter()
+                            .map(|x| (!x.is_nan()).then_some(x.to_bits()))
+                            .collect::<Vec<_>>()
+                    };
+                    assert_eq!(bits(&plain), bits(&summed), "{level:?} n={n} nq={nq}");
+                }
+            }
+        }
+    }
+}
+
+/// The int8 kernels' lane sums (every level and instruction path) equal
+/// `format::lane_sum32` of the whole side-column row.
+#[test]
+fn int8_kernel_lane_sums_equal_the_portable_definition() {
+    let mut rng = Rng(22);
+    for n in [1usize, 59, 60, 61, 124, 125, 384, 768, 1031] {
+        let stride = (4 + n).div_ceil(64) * 64;
+        let (bytes, slots) = random_column(&mut rng, 5, stride, stride);
+        let (rows, want) = rows_and_sums(&bytes, &slots, stride, stride);
+        for nq in [1, 4, 6] {
+            let queries: Vec<Codes> = (0..nq)
+                .map(|_| {
+                    Codes::new(
+                        &(0..n)
+                            .map(|_| ((rng.next() % 255) as i32 - 127) as i8)
+                            .collect::<Vec<_>>(),
+                    )
+                })
+                .collect();
+            let refs: Vec<&Codes> = queries.iter().collect();
+            for level in Level::all_supported() {
+                for path in [Int8Path::MultiplyAdd, Int8Path::Vnni256, Int8Path::Vnni512] {
+                    let (mut plain, mut summed) = (vec![0i32; 5 * nq], vec![0i32; 5 * nq]);
+                    let mut sums = vec![0u32; 5];
+                    score_i8_path(level, path, &refs, rows, &mut plain);
+                    score_i8_path_summed(level, path, &refs, rows, &mut summed, &mut sums);
+                    assert_eq!(sums, want, "{level:?} {path:?} n={n} nq={nq}");
+                    assert_eq!(plain, summed, "{level:?} {path:?} n={n} nq={nq}");
+                }
+            }
+        }
+    }
+}

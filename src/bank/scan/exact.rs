@@ -4,7 +4,7 @@ use std::ops::Range;
 
 use super::{CHUNK_ROWS, ScanParams, Selected, admit_at, for_each_chunk, in_steps, merge_tops, run_split};
 use crate::bank::BankError;
-use crate::bank::base::Base;
+use crate::bank::base::{Base, Column};
 use crate::bank::kernels::{self, Rows};
 use crate::format::manifest::Precision;
 use crate::tree::TopK;
@@ -30,7 +30,7 @@ fn scan_rows(base: &Base, p: &ScanParams, queries: &[&[f32]], rows: Range<u32>) 
     for_each_chunk(base, rows, |maps, first, range| {
         let (table, vectors): (&[u8], &[u8]) = (&maps.table, &maps.vectors);
         selected.choose(maps, range.clone(), p);
-        in_steps(base, maps, first, &selected, range.end, |at| {
+        in_steps(base, maps, Column::Vectors, first, &selected, range.end, |at, sums| {
             let rows = Rows {
                 bytes: vectors,
                 stride_bytes: base.stride_bytes as usize,
@@ -38,9 +38,11 @@ fn scan_rows(base: &Base, p: &ScanParams, queries: &[&[f32]], rows: Range<u32>) 
                 slots: &selected.slots[at.clone()],
             };
             let out = &mut scores[at.start * nq..];
-            match base.precision {
-                Precision::F16 => kernels::score_f16(p.level, queries, dim, rows, out),
-                Precision::F32 | Precision::Int8 => kernels::score_f32(p.level, queries, dim, rows, out),
+            match (base.precision, sums) {
+                (Precision::F16, None) => kernels::score_f16(p.level, queries, dim, rows, out),
+                (Precision::F16, Some(sums)) => kernels::score_f16_summed(p.level, queries, dim, rows, out, sums),
+                (_, None) => kernels::score_f32(p.level, queries, dim, rows, out),
+                (_, Some(sums)) => kernels::score_f32_summed(p.level, queries, dim, rows, out, sums),
             }
         })?;
         for i in 0..selected.len {

@@ -18,7 +18,7 @@ use std::ops::Range;
 
 use super::{CHUNK_ROWS, PREFETCH_STEP_ROWS as STEP, ScanParams, Selected, admit, for_each_chunk, in_steps, run_split};
 use crate::bank::BankError;
-use crate::bank::base::Base;
+use crate::bank::base::{Base, Column};
 use crate::bank::kernels::quant::QueryInt8;
 use crate::bank::kernels::{self, Rows};
 use crate::tree::TopK;
@@ -164,14 +164,17 @@ fn first_pass(
         let quant: &[u8] = maps.quant.as_ref().expect("an int8 bank maps its side column");
         let table: &[u8] = &maps.table;
         selected.choose(maps, range.clone(), p);
-        in_steps(base, maps, first, &selected, range.end, |at| {
+        in_steps(base, maps, Column::Quant, first, &selected, range.end, |at, sums| {
             let rows = Rows {
                 bytes: quant,
                 stride_bytes: qstride,
                 offset_bytes: 0,
                 slots: &selected.slots[at.clone()],
             };
-            kernels::score_i8(p.level, &codes, rows, &mut dots);
+            match sums {
+                None => kernels::score_i8(p.level, &codes, rows, &mut dots),
+                Some(sums) => kernels::score_i8_summed(p.level, &codes, rows, &mut dots, sums),
+            }
             // The rows were just read, so their scales are in L1. Bounds
             // first, in a loop without branches; the rare rows that reach
             // a floor then go through `offer`.
@@ -222,7 +225,15 @@ fn rerank(base: &Base, p: &ScanParams, query: &[f32], candidates: &[u32]) -> Res
             offset_bytes: 0,
             slots: &slots,
         };
-        kernels::score_f32(p.level, &[query], dim, rows, &mut scores);
+        // The first pass read the int8 rows; the f32 vectors are first read
+        // here, so their lane sums are checked here.
+        if base.needs_sums(&maps, Column::Vectors) {
+            let mut sums = [0u32; CHUNK_ROWS];
+            kernels::score_f32_summed(p.level, &[query], dim, rows, &mut scores, &mut sums);
+            base.check_sums(&maps, Column::Vectors, first, &slots, &sums[..slots.len()])?;
+        } else {
+            kernels::score_f32(p.level, &[query], dim, rows, &mut scores);
+        }
         for (i, &slot) in slots.iter().enumerate() {
             let score = scores[i] - super::penalty_of(&maps.table, slot as usize, p);
             admit(&mut top, p, first + slot, score, &maps.table, slot as usize);

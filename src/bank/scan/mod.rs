@@ -21,7 +21,7 @@ mod int8;
 
 use std::ops::Range;
 
-use super::base::{Base, SegmentMaps};
+use super::base::{Base, Column, SegmentMaps};
 use super::kernels::{self, Level, MAX_BLOCK, Rows};
 use super::mutate::normalise;
 use super::{Bank, BankError};
@@ -102,25 +102,39 @@ const PREFETCH_STEP_ROWS: usize = 32;
 /// instead of a burst. After a chunk that needed no filtering (see
 /// `Selected::choose`) nothing is prefetched.
 ///
-/// Before a step scores its rows, the vectors of those this process has
-/// not checked yet are checked against their CRCs (`Base::check_vectors`):
-/// a few dozen rows, so the kernel then reads them from cache and the
-/// check costs no second pass over memory.
+/// Rows this process has not checked yet are checked as the step reads
+/// them (FORMAT.md "When data-file bytes are checked"): in a format-2 bank
+/// the step's kernel also computes each row's lane sum from the loads it
+/// scores with (`step` gets a buffer for them), and `Base::check_sums`
+/// compares them with the rows' before any score of the step is admitted
+/// (an int8 first pass may have offered a candidate, but the error ends
+/// the scan); in a format-1 bank the rows' vectors are checked against
+/// their CRCs just before the step (`Base::check_vectors`), a few dozen
+/// rows, so the kernel then reads them from cache. Once every row of the
+/// segment is checked, steps compute no sums.
 fn in_steps(
     base: &Base,
     maps: &SegmentMaps,
+    column: Column,
     first: u32,
     selected: &Selected,
     next_slot: usize,
-    mut step: impl FnMut(Range<usize>),
+    mut step: impl FnMut(Range<usize>, Option<&mut [u32]>),
 ) -> Result<(), BankError> {
     let table: &[u8] = &maps.table;
     let n = selected.len;
     let parts = n.div_ceil(PREFETCH_STEP_ROWS).max(1);
+    let mut sums = [0u32; PREFETCH_STEP_ROWS];
     for j in 0..parts {
         let at = j * PREFETCH_STEP_ROWS..((j + 1) * PREFETCH_STEP_ROWS).min(n);
-        base.check_vectors(maps, first, &selected.slots[at.clone()])?;
-        step(at);
+        let slots = &selected.slots[at.clone()];
+        if base.needs_sums(maps, column) {
+            step(at.clone(), Some(&mut sums[..slots.len()]));
+            base.check_sums(maps, column, first, slots, &sums[..slots.len()])?;
+        } else {
+            base.check_vectors(maps, first, slots)?;
+            step(at, None);
+        }
         if selected.lazy {
             continue; // a chunk without filters: so is the next, in the same segment
         }
