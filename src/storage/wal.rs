@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{OpenMode, Storage, StorageError, StorageFile, WAL_FILE, WAL_TMP_FILE, replace_atomically};
 use crate::format::wal::{
     MAX_RECORD_BODY_BYTES, REC_LSN_OFFSET, RECORD_HEADER_SIZE_BYTES, WAL_HEADER_SIZE_BYTES, WalHeader,
-    decode_record_header, encode_record, verify_record,
+    decode_record_header, encode_record_into, verify_record,
 };
 
 /// One valid record found by a scan; `body` indexes `WalScan::buf`.
@@ -230,7 +230,14 @@ pub struct WalWriter {
     prev_crc: u32,
     /// Every record with lsn < synced_below is durable.
     synced_below: u64,
+    /// The record being written, reused (up to `KEPT_FRAME_BYTES`).
+    frame: Vec<u8>,
 }
+
+/// The frame buffer a writer keeps between records: transactions of a
+/// bulk insert (a few MB each) reuse its pages instead of faulting fresh
+/// ones for every record.
+const KEPT_FRAME_BYTES: usize = 16 << 20;
 
 /// The WAL grows by zero-filled steps of this size when a small record
 /// reaches its end. fdatasync after an append that changes the file size
@@ -261,6 +268,7 @@ impl WalWriter {
             allocated_bytes: WAL_HEADER_SIZE_BYTES as u64,
             prev_crc: header.chain_seed(),
             synced_below: header.start_lsn,
+            frame: Vec::new(),
         })
     }
 
@@ -298,6 +306,7 @@ impl WalWriter {
             },
             prev_crc: scan.last_crc,
             synced_below: scan.next_lsn(),
+            frame: Vec::new(),
         })
     }
 
@@ -323,17 +332,21 @@ impl WalWriter {
     /// zeros to the next step boundary in the same write.
     pub fn append(&mut self, op_count: u16, body: &[u8]) -> Result<u64, StorageError> {
         let lsn = self.next_lsn;
-        let (mut bytes, crc) = encode_record(self.prev_crc, lsn, op_count, body);
+        let mut bytes = std::mem::take(&mut self.frame);
+        let crc = encode_record_into(self.prev_crc, lsn, op_count, body, &mut bytes);
         let record_bytes = bytes.len() as u64;
         let record_end = self.end_bytes + record_bytes;
         if record_end > self.allocated_bytes && bytes.len() < PREALLOCATE_BELOW_BYTES {
             let step = WAL_PREALLOCATE_STEP_BYTES;
             bytes.resize((record_end.div_ceil(step) * step - self.end_bytes) as usize, 0);
         }
-        self.file
-            .write_all_at(&bytes, self.end_bytes)
-            .map_err(StorageError::io("write", self.desc.clone()))?;
-        self.allocated_bytes = self.allocated_bytes.max(self.end_bytes + bytes.len() as u64);
+        let written = self.file.write_all_at(&bytes, self.end_bytes);
+        let written_bytes = bytes.len() as u64;
+        if bytes.capacity() <= KEPT_FRAME_BYTES {
+            self.frame = bytes;
+        }
+        written.map_err(StorageError::io("write", self.desc.clone()))?;
+        self.allocated_bytes = self.allocated_bytes.max(self.end_bytes + written_bytes);
         self.end_bytes = record_end;
         self.prev_crc = crc;
         self.next_lsn += 1;
