@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use deltamem::storage::wal::{WAL_PREALLOCATE_STEP_BYTES, scan};
+use deltamem::storage::wal::{WAL_PREALLOCATE_STEP_BYTES, preallocated_end, scan};
 use deltamem::storage::{MemStorage, Storage};
 use deltamem::{Attach, Bank, BankConfig, Label, NewNode, OpenOptions, Payload};
 
@@ -55,43 +55,65 @@ fn records_end(storage: &MemStorage) -> usize {
     wal.valid_end_bytes as usize
 }
 
-#[test]
-fn small_records_overwrite_zeros_written_ahead_and_survive_reopen() {
+/// A bank holding nodes 0..count in its WAL only (dropped, never closed:
+/// no checkpoint).
+fn crashed_after_inserts(count: usize) -> MemStorage {
     let storage = MemStorage::new();
     let mut bank = Bank::create(Arc::new(storage.clone()), BankConfig::new(8)).unwrap();
-    for k in 0..3 {
+    for k in 0..count {
         bank.insert(node(k)).unwrap();
     }
-    drop(bank); // no checkpoint: the nodes live in the WAL only
+    drop(bank);
+    storage
+}
+
+#[test]
+fn small_records_overwrite_zeros_written_ahead_and_survive_reopen() {
+    let storage = crashed_after_inserts(3);
     let wal = storage.file_bytes("wal.log").unwrap();
     let end = records_end(&storage);
-    assert_eq!(wal.len(), STEP, "one step of zeros written ahead");
-    assert!(end > 64 && wal[end..].iter().all(|&b| b == 0));
+    assert!(end > 64 && wal.len() > end, "zeros written ahead");
+    assert_eq!(wal.len() % 4096, 0);
+    assert!(wal[end..].iter().all(|&b| b == 0));
 
     // A writer keeps the zeros and writes its records over them.
     let mut bank = open(&storage, false);
     assert_eq!(scenarios(&bank), expected(3));
-    assert_eq!(storage.file_bytes("wal.log").unwrap().len(), STEP, "zeros kept");
-    for k in 3..5 {
+    assert_eq!(storage.file_bytes("wal.log").unwrap().len(), wal.len(), "zeros kept");
+    // Records fill the zeros; the file grows only with the record that
+    // no longer fits in them. Bounded: the zeros hold a few dozen.
+    let mut k = 3;
+    for _ in 0..1000 {
         bank.insert(node(k)).unwrap();
+        k += 1;
+        if records_end(&storage) > wal.len() {
+            break;
+        }
+        assert_eq!(storage.file_bytes("wal.log").unwrap().len(), wal.len(), "grew early");
     }
+    assert!(k > 4, "several records went into the zeros");
     assert!(bank.verify().unwrap().is_ok());
     drop(bank);
-    assert_eq!(storage.file_bytes("wal.log").unwrap().len(), STEP);
-    assert!(records_end(&storage) > end);
+    let grown = storage.file_bytes("wal.log").unwrap().len();
+    let end_now = records_end(&storage);
+    assert!(end_now > wal.len() && grown == preallocated_end(end_now as u64) as usize);
     let reader = open(&storage, true);
-    assert_eq!(scenarios(&reader), expected(5));
+    assert_eq!(scenarios(&reader), expected(k));
     assert!(reader.verify().unwrap().is_ok());
+}
+
+/// Zeros ahead double a small log and then grow by at most a step.
+#[test]
+fn zeros_ahead_double_a_small_log_and_then_grow_by_steps() {
+    assert_eq!(preallocated_end(100), 4096);
+    assert_eq!(preallocated_end(5000), 12288);
+    assert_eq!(preallocated_end(STEP as u64), 2 * STEP as u64);
+    assert_eq!(preallocated_end(10 * STEP as u64 + 1), 11 * STEP as u64 + 4096);
 }
 
 #[test]
 fn a_record_torn_inside_the_zeros_is_cut_off_and_the_log_goes_on() {
-    let storage = MemStorage::new();
-    let mut bank = Bank::create(Arc::new(storage.clone()), BankConfig::new(8)).unwrap();
-    for k in 0..2 {
-        bank.insert(node(k)).unwrap();
-    }
-    drop(bank);
+    let storage = crashed_after_inserts(2);
     // The start of a third record reached the disk, the rest did not.
     let end = records_end(&storage);
     let mut wal = storage.file_bytes("wal.log").unwrap();
@@ -110,8 +132,11 @@ fn a_record_torn_inside_the_zeros_is_cut_off_and_the_log_goes_on() {
     bank.insert(node(2)).unwrap();
     drop(bank);
     let wal = storage.file_bytes("wal.log").unwrap();
-    assert_eq!(wal.len(), STEP, "zeros written ahead again");
-    assert!(records_end(&storage) > end);
+    let end_now = records_end(&storage);
+    assert!(
+        end_now > end && wal.len() == preallocated_end(end_now as u64) as usize,
+        "zeros ahead again"
+    );
     assert_eq!(scenarios(&open(&storage, true)), expected(3));
 }
 

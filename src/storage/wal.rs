@@ -239,13 +239,21 @@ pub struct WalWriter {
 /// ones for every record.
 const KEPT_FRAME_BYTES: usize = 16 << 20;
 
-/// The WAL grows by zero-filled steps of this size when a small record
-/// reaches its end. fdatasync after an append that changes the file size
-/// must commit the size (a filesystem journal write: measured 2-5x the
-/// cost of the data flush alone on ext4); records written over zeros that
-/// are already durable change only data. A step costs one such commit per
-/// step instead of one per record.
+/// The most a small record that reaches the end of the WAL zero-fills
+/// ahead of itself: as much as the log already holds (so a small log
+/// stays small: it doubles), up to this step, rounded up to 4 KiB. An
+/// fdatasync after an append that changes the file size must commit the
+/// size (a filesystem journal write: measured 2-5x the cost of the data
+/// flush alone on ext4); records written over zeros that are already
+/// durable change only data. A step costs one such commit per step
+/// instead of one per record.
 pub const WAL_PREALLOCATE_STEP_BYTES: u64 = 1 << 20;
+
+/// Where zeros written ahead of a small record ending at `record_end` end.
+pub fn preallocated_end(record_end: u64) -> u64 {
+    const PAGE: u64 = 4096;
+    (record_end + record_end.min(WAL_PREALLOCATE_STEP_BYTES)).div_ceil(PAGE) * PAGE
+}
 
 /// Records at least this large are appended without zeros after them: the
 /// size commit is small beside their own bytes, and zero-filling would add
@@ -329,7 +337,7 @@ impl WalWriter {
 
     /// Appends one record with a single positional write. Returns its LSN.
     /// A small record that reaches past the zeros written ahead carries
-    /// zeros to the next step boundary in the same write.
+    /// more zeros in the same write (`preallocated_end`).
     pub fn append(&mut self, op_count: u16, body: &[u8]) -> Result<u64, StorageError> {
         let lsn = self.next_lsn;
         let mut bytes = std::mem::take(&mut self.frame);
@@ -337,8 +345,7 @@ impl WalWriter {
         let record_bytes = bytes.len() as u64;
         let record_end = self.end_bytes + record_bytes;
         if record_end > self.allocated_bytes && bytes.len() < PREALLOCATE_BELOW_BYTES {
-            let step = WAL_PREALLOCATE_STEP_BYTES;
-            bytes.resize((record_end.div_ceil(step) * step - self.end_bytes) as usize, 0);
+            bytes.resize((preallocated_end(record_end) - self.end_bytes) as usize, 0);
         }
         let written = self.file.write_all_at(&bytes, self.end_bytes);
         let written_bytes = bytes.len() as u64;
