@@ -5,7 +5,11 @@
 //! bench_scan gen       <out.npy> <rows> <dim> [seed] [queries.npy] [count] [f32|f16]
 //!     random unit rows (seeded); optionally `count` noisy copies of
 //!     stored rows as queries
-//! bench_scan build     <data.npy> <bank-dir> [f32|f16|int8]   bank from a matrix (one tree)
+//! bench_scan build     <data.npy> <bank-dir> [f32|f16|int8] [rows-per-call] [none|batch|always]
+//!                      bank from a matrix (one tree) through insert_batch
+//!                      (default 10,000 rows a call, sync none); prints the
+//!                      whole time and `insert_seconds` (inserts and a final
+//!                      sync, not creation or the closing checkpoint)
 //! bench_scan scan      <bank-dir> <queries.npy> [k] [threads] [rounds] [batch]
 //! bench_scan bandwidth [gb] [rounds]          streaming sum over a hot heap buffer
 //! bench_scan open      <bank-dir> [rounds]    read-only open time
@@ -77,6 +81,8 @@ fn main() {
             Path::new(&args[2]),
             Path::new(&args[3]),
             args.get(4).map_or("f32", |s| s),
+            arg(&args, 5, 10_000usize),
+            SyncPolicy::parse(args.get(6).map_or("none", |s| s)).expect("none, batch or always"),
         ),
         "gen" => generate(&args),
         "scan" => scan(Path::new(&args[2]), Path::new(&args[3]), &args),
@@ -175,7 +181,7 @@ fn node(i: usize, embedding: Vec<f32>) -> NewNode {
 
 /// A one-tree bank of every row of the matrix (eps 0, so scores are the
 /// plain inner products the peers compute).
-fn build(npy: &Path, dir: &Path, precision: &str) {
+fn build(npy: &Path, dir: &Path, precision: &str, per_call: usize, sync: SyncPolicy) {
     let started = Instant::now();
     let mut reader = NpyRowReader::open(npy).unwrap();
     let dim = reader.info().dim_count;
@@ -188,16 +194,17 @@ fn build(npy: &Path, dir: &Path, precision: &str) {
     config.precision = Precision::parse(precision).expect("f32, f16 or int8");
     Bank::create_dir(dir, config).unwrap().close().unwrap();
     let options = OpenOptions {
-        sync: SyncPolicy::None,
+        sync,
         checkpoint_wal_bytes: 512 << 20,
         ..OpenOptions::default()
     };
     let mut bank = Bank::open_dir(dir, options).unwrap();
     let mut rows = Vec::new();
     let mut done = 0;
+    let inserting = Instant::now();
     loop {
         rows.clear();
-        let n = reader.read_rows(10_000, &mut rows).unwrap();
+        let n = reader.read_rows(per_call, &mut rows).unwrap();
         if n == 0 {
             break;
         }
@@ -209,9 +216,11 @@ fn build(npy: &Path, dir: &Path, precision: &str) {
         bank.insert_batch(&nodes, None).unwrap();
         done += n;
     }
+    bank.sync().unwrap();
+    let insert_seconds = inserting.elapsed().as_secs_f64();
     bank.close().unwrap();
     println!(
-        "{{\"cmd\":\"build\",\"rows\":{done},\"precision\":\"{precision}\",\"seconds\":{:.2}}}",
+        "{{\"cmd\":\"build\",\"rows\":{done},\"precision\":\"{precision}\",\"seconds\":{:.2},\"insert_seconds\":{insert_seconds:.3}}}",
         started.elapsed().as_secs_f64()
     );
 }

@@ -19,7 +19,11 @@
 #
 # Each round, in this order (so rounds interleave and see the same machine):
 #   dd          a file of the bank's size, bs=4M conv=fdatasync (MB/s)
-#   import      init + `import --npy` of the whole matrix into a fresh bank
+#   import      init + `import --npy` of the whole matrix into a fresh bank;
+#               then its disk peer: the bytes the import wrote (the bank's
+#               size) written to one file in 4 MiB writes with an
+#               fdatasync after each import batch's share (4,096 rows),
+#               as the import makes each batch durable before the next
 #   query       one query (k = 10, one thread) in a fresh process, page cache
 #               warm; beside it the warm in-process query of the same bank
 #               (examples/bench_scan scan: median of 5 after a first query)
@@ -139,6 +143,28 @@ for round in $(seq 1 "$ROUNDS"); do
     record import.rows_s "$(calc "$ROWS / $(last import.s)")"
     bank_bytes=$(du -sb "$BANK" | cut -f1)
     record bank.mb "$(calc "$bank_bytes / 1000000")"
+    peer_s=$(python3 - "$WORK/peer.tmp" "$bank_bytes" $(( (ROWS + 4095) / 4096 )) <<'EOF'
+import os, sys, time
+path, total, pieces = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+block = memoryview(os.urandom(4 << 20))
+per_piece = -(-total // pieces)
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+start = time.perf_counter()
+done = 0
+while done < total:
+    end = min(done + per_piece, total)
+    while done < end:
+        done += os.write(fd, block[: min(len(block), end - done)])
+    os.fdatasync(fd)
+print(f"{time.perf_counter() - start:.6f}")
+os.close(fd)
+os.unlink(path)
+EOF
+)
+    record peer.s "$peer_s"
+    record peer.mb_s "$(calc "$bank_bytes / $peer_s / 1e6")"
+    record import.vs_peer "$(calc "$peer_s / $(last import.s)")"
+    record import.mb_s "$(calc "$bank_bytes / $(last import.s) / 1e6")"
 
     warm_cache "$BANK"
     run query "$D" --quiet query "$BANK" --tree all --npy "$ONE" --k 10 --threads 1
@@ -199,7 +225,8 @@ print(f"{int(rows):,} x {dim} {precision}, bank {med('bank.mb'):.0f} MB, {rounds
       + "\n")
 print("| command | seconds | rate | peak heap |")
 print("|---|---:|---:|---:|")
-print(f"| `import --npy` | {fig('import.s')} | {fig('import.rows_s', '{:,.0f}')} rows/s | {heap('import')} |")
+print(f"| `import --npy` | {fig('import.s')} | {fig('import.rows_s', '{:,.0f}')} rows/s = {fig('import.mb_s', '{:.0f}')} MB/s | {heap('import')} |")
+print(f"| disk peer: the bank's bytes, fdatasync per 4,096 rows | {fig('peer.s')} | {fig('peer.mb_s', '{:.0f}')} MB/s; import at {fig('import.vs_peer')}x of it | |")
 ratio = med('query.s') / med('query_warm_inprocess.s')
 print(f"| `query` (k=10, 1 thread), fresh process, warm cache | {fig('query.s', '{:.3f}')} | "
       f"{ratio:.2f}x the warm in-process query | {heap('query')} |")

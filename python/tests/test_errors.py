@@ -146,7 +146,10 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 wal_size = __import__("os").path.getsize(path + "/wal.log")
 resource.setrlimit(resource.RLIMIT_FSIZE, (wal_size + 100, resource.RLIM_INFINITY))
 try:
-    bank.insert("task", np.eye(8, dtype=np.float32)[2], "x" * 100_000, attach="root")
+    # Incompressible: the record must outgrow the zeros the WAL keeps
+    # written ahead of its records (FORMAT.md section 6), so it grows the file.
+    big = __import__("base64").b64encode(__import__("os").urandom(75_000)).decode()
+    bank.insert("task", np.eye(8, dtype=np.float32)[2], big, attach="root")
 except deltamem.Error as e:
     print("first:", type(e).__name__, isinstance(e, OSError), e.errno, e)
 resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))

@@ -110,7 +110,13 @@ struct Writer {
     checkpoint_failure: Option<String>,
     last_sync: Instant,
     checkpoint_wal_bytes: u64,
+    /// The body buffer of the last transaction, kept for the next one
+    /// (up to `KEPT_TXN_BODY_BYTES`): a bulk insert's transactions of a
+    /// few MB each then reuse its pages instead of faulting fresh ones.
+    txn_body: Vec<u8>,
 }
+
+const KEPT_TXN_BODY_BYTES: usize = 16 << 20;
 
 pub struct Bank {
     storage: Arc<dyn Storage>,

@@ -8,7 +8,7 @@ use super::scan::QueryOptions;
 use super::{Bank, BankError, ExternalKey, NodeRef, SyncPolicy, external_key};
 use crate::format::payload::{Payload, encode_record};
 use crate::format::row::{FLAG_CONSOLIDATED, FLAG_CONSOLIDATED_ROOT, Label, NodeType, Row, encode_external_id};
-use crate::format::wal::{WalOp, encode_ops};
+use crate::format::wal::{WalOp, encode_ops_into};
 use crate::format::{MAX_PAYLOAD_BYTES, NODE_NONE};
 use crate::tree::{self, MatchedNode, Placement};
 
@@ -204,7 +204,14 @@ impl Bank {
         if txn.op_count == 0 {
             return Ok(txn.acks);
         }
-        let lsn = match self.log(txn.op_count as u16, &txn.body, txn.undo, sync) {
+        let logged = self.log(txn.op_count as u16, &txn.body, txn.undo, sync);
+        if let Some(w) = self.writer.as_mut()
+            && txn.body.capacity() <= super::KEPT_TXN_BODY_BYTES
+        {
+            txn.body.clear();
+            w.txn_body = txn.body;
+        }
+        let lsn = match logged {
             Ok(lsn) => lsn,
             Err(e) => {
                 self.forget_external_ids(&txn.keys)?;
@@ -233,8 +240,14 @@ impl Bank {
         column: Option<&[f32]>,
         encode: bool,
     ) -> Result<Txn, BankError> {
+        let body = match (encode, self.writer.as_mut()) {
+            (true, Some(w)) => std::mem::take(&mut w.txn_body),
+            _ => Vec::new(),
+        };
+        assert!(body.is_empty());
         let mut txn = Txn {
             encode,
+            body,
             ..Txn::default()
         };
         let dim = self.manifest.dim_count as usize;
@@ -277,7 +290,7 @@ impl Bank {
         };
         txn.op_count += ops.len();
         if txn.encode {
-            txn.body.extend_from_slice(&encode_ops(&ops));
+            encode_ops_into(&ops, &mut txn.body);
             check_record_size(txn.op_count, txn.body.len())?;
         }
         txn.undo.push(self.apply_txn_undoable(ops)?);

@@ -106,6 +106,7 @@ impl Writer {
             checkpoint_failure: None,
             last_sync: Instant::now(),
             checkpoint_wal_bytes,
+            txn_body: Vec::new(),
         }
     }
 }

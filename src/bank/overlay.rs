@@ -44,9 +44,12 @@ impl Overlay {
     /// Empties the overlay after a checkpoint of `base_count` nodes. The
     /// vector buffer keeps its memory up to `KEPT_VECTOR_BYTES`: a bulk
     /// load checkpoints after every batch, and fresh pages for each one
-    /// cost more in page faults than filling them.
+    /// cost more in page faults than filling them. 64 MiB covers what the
+    /// default checkpoint threshold (a 64 MiB WAL) lets accumulate, so a
+    /// stream of WAL inserts reuses it too; it is what the overlay held
+    /// just before the checkpoint, so the peak does not grow.
     pub fn reset(&mut self, base_count: u32, payload_end_bytes: u64) {
-        const KEPT_VECTOR_BYTES: usize = 32 << 20;
+        const KEPT_VECTOR_BYTES: usize = 64 << 20;
         let mut vectors = std::mem::take(&mut self.vectors);
         vectors.clear();
         if vectors.capacity() * size_of::<f32>() > KEPT_VECTOR_BYTES {

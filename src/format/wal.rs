@@ -117,6 +117,13 @@ pub enum WalOp {
 
 pub fn encode_ops(ops: &[WalOp]) -> Vec<u8> {
     let mut out = Vec::new();
+    encode_ops_into(ops, &mut out);
+    out
+}
+
+/// Appends the encoding of `ops` to `out` (a transaction being built in a
+/// reused buffer: no allocation per op).
+pub fn encode_ops_into(ops: &[WalOp], out: &mut Vec<u8>) {
     for op in ops {
         match op {
             WalOp::PutNode {
@@ -136,7 +143,6 @@ pub fn encode_ops(ops: &[WalOp]) -> Vec<u8> {
             }
         }
     }
-    out
 }
 
 /// Decodes `op_count` ops from a record body. `dim_count` fixes the vector
@@ -204,16 +210,25 @@ pub fn decode_ops(body: &[u8], op_count: u16, dim_count: u32) -> Result<Vec<WalO
 
 /// Encodes a record chained to `prev_crc`. Returns the bytes and its CRC.
 pub fn encode_record(prev_crc: u32, lsn: u64, op_count: u16, body: &[u8]) -> (Vec<u8>, u32) {
-    assert!(body.len() <= MAX_RECORD_BODY_BYTES);
-    let mut out = vec![0u8; RECORD_HEADER_SIZE_BYTES + body.len()];
-    put_u32(&mut out, REC_BODY_SIZE_OFFSET, body.len() as u32);
-    put_u64(&mut out, REC_LSN_OFFSET, lsn);
-    put_u16(&mut out, REC_KIND_OFFSET, RECORD_KIND_TXN);
-    put_u16(&mut out, REC_OP_COUNT_OFFSET, op_count);
-    out[RECORD_HEADER_SIZE_BYTES..].copy_from_slice(body);
-    let crc = chained_crc(prev_crc, &out);
-    put_u32(&mut out, REC_CRC_OFFSET, crc);
+    let mut out = Vec::new();
+    let crc = encode_record_into(prev_crc, lsn, op_count, body, &mut out);
     (out, crc)
+}
+
+/// As [`encode_record`], into `out` (cleared first; a writer reuses it, so
+/// a record costs no fresh pages). Returns the record's CRC.
+pub fn encode_record_into(prev_crc: u32, lsn: u64, op_count: u16, body: &[u8], out: &mut Vec<u8>) -> u32 {
+    assert!(body.len() <= MAX_RECORD_BODY_BYTES);
+    out.clear();
+    out.resize(RECORD_HEADER_SIZE_BYTES, 0);
+    put_u32(out, REC_BODY_SIZE_OFFSET, body.len() as u32);
+    put_u64(out, REC_LSN_OFFSET, lsn);
+    put_u16(out, REC_KIND_OFFSET, RECORD_KIND_TXN);
+    put_u16(out, REC_OP_COUNT_OFFSET, op_count);
+    out.extend_from_slice(body);
+    let crc = chained_crc(prev_crc, out);
+    put_u32(out, REC_CRC_OFFSET, crc);
+    crc
 }
 
 pub(crate) fn chained_crc(prev_crc: u32, record: &[u8]) -> u32 {
