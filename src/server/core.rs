@@ -5,19 +5,21 @@
 //! fsync, releases the lock, runs one WAL fsync for the whole round
 //! (`Bank::detach_sync`), then answers: concurrent durable writes share an
 //! fsync (group commit) and queries never wait for the disk. Queries on a
-//! tree go through a per-tree queue: while one batch is being scored the
-//! next one gathers, and each batch is scored in one pass over the column
-//! (`Bank::query_batch`).
+//! tree go through a per-tree queue (`batcher`): while one pass is being
+//! scored the next one gathers, and each is scored in one pass over the
+//! column (`Bank::query_batch`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use axum::http::StatusCode;
 use tokio::sync::{oneshot, watch};
 
+use super::batcher::{Batcher, Next, QueryJob};
 use super::body::{ConsolidateReply, HitReply, InsertReply, QueryReply};
 use super::error::{ApiError, ApiResult};
 use super::metrics::Metrics;
@@ -50,18 +52,6 @@ struct WriteJob {
     reply: oneshot::Sender<ApiResult<WriteDone>>,
 }
 
-struct QueryJob {
-    embedding: Vec<f32>,
-    options: QueryOptions,
-    reply: oneshot::Sender<ApiResult<QueryReply>>,
-}
-
-#[derive(Default)]
-struct TreeQueue {
-    jobs: Vec<QueryJob>,
-    running: bool,
-}
-
 /// What `/v1/events` announces after each commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ChangeEvent {
@@ -82,7 +72,7 @@ pub struct Core {
     shared: Arc<Shared>,
     writes: Mutex<Option<SyncSender<WriteJob>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
-    queries: Mutex<HashMap<String, TreeQueue>>,
+    queries: Batcher,
     read_only: bool,
 }
 
@@ -118,7 +108,7 @@ impl Core {
             shared,
             writes: Mutex::new(Some(tx)),
             writer: Mutex::new(Some(writer)),
-            queries: Mutex::new(HashMap::new()),
+            queries: Batcher::default(),
             read_only,
         }))
     }
@@ -175,8 +165,8 @@ impl Core {
     }
 
     /// One query, scored together with whatever other queries on the same
-    /// tree arrive while the previous batch runs. The embedding must have
-    /// been checked (`check_embedding`).
+    /// tree wait for a pass (`batcher`). The embedding must have been
+    /// checked (`check_embedding`).
     pub async fn query(
         self: &Arc<Self>,
         tree: &str,
@@ -187,49 +177,58 @@ impl Core {
             .tree_index(tree)
             .map_err(|e| ApiError::from_bank(e, "tree"))?;
         let (reply, rx) = oneshot::channel();
-        let start = {
-            let mut queues = self.queries.lock().map_err(|_| poisoned_lock())?;
-            let queue = queues.entry(tree.to_string()).or_default();
-            queue.jobs.push(QueryJob {
-                embedding,
-                options,
-                reply,
-            });
-            !std::mem::replace(&mut queue.running, true)
+        let job = QueryJob {
+            embedding,
+            options,
+            reply,
         };
-        if start {
-            let core = self.clone();
-            let tree = tree.to_string();
-            tokio::task::spawn_blocking(move || core.run_queries(&tree));
+        if self.queries.enqueue(tree, job) {
+            blocking_here(|| self.lead(tree));
         }
         rx.await
             .map_err(|_| ApiError::unavailable("the query runner stopped"))?
     }
 
-    /// Scores queued queries of one tree until its queue is empty.
+    /// Runs one pass on the calling thread with every query waiting (its
+    /// own among them), then hands what queued meanwhile to a runner.
+    fn lead(self: &Arc<Self>, tree: &str) {
+        let jobs = self.queries.take_now(tree);
+        if self.pass(tree, jobs) {
+            let core = self.clone();
+            let tree = tree.to_string();
+            tokio::task::spawn_blocking(move || core.run_queries(&tree));
+        }
+    }
+
+    /// The runner: passes over the tree until no query comes.
     fn run_queries(&self, tree: &str) {
-        loop {
-            let jobs = {
-                let Ok(mut queues) = self.queries.lock() else { return };
-                let queue = queues.get_mut(tree).expect("a running tree has a queue");
-                if queue.jobs.is_empty() {
-                    queue.running = false;
-                    return;
-                }
-                std::mem::take(&mut queue.jobs)
-            };
-            self.shared.metrics.query_batch(jobs.len());
-            let mut groups: BTreeMap<OptionsKey, Vec<QueryJob>> = BTreeMap::new();
-            for job in jobs {
-                groups.entry(OptionsKey::of(&job.options)).or_default().push(job);
-            }
-            for (_, group) in groups {
-                self.answer_group(tree, group);
+        while let Next::Pass(jobs) = self.queries.take_convoy(tree) {
+            if !self.pass(tree, jobs) {
+                return;
             }
         }
     }
 
+    /// Scores `jobs` (grouped by options, one pass per group) and answers
+    /// them; true when more queries wait (see `Batcher::finish`).
+    fn pass(&self, tree: &str, jobs: Vec<QueryJob>) -> bool {
+        let started = Instant::now();
+        let count = jobs.len();
+        self.shared.metrics.query_batch(count);
+        let mut groups: BTreeMap<OptionsKey, Vec<QueryJob>> = BTreeMap::new();
+        for job in jobs {
+            groups.entry(OptionsKey::of(&job.options)).or_default().push(job);
+        }
+        for (_, group) in groups {
+            self.answer_group(tree, group);
+        }
+        self.queries.finish(tree, count, started.elapsed())
+    }
+
     fn answer_group(&self, tree: &str, group: Vec<QueryJob>) {
+        if group.is_empty() {
+            return;
+        }
         let bank = match self.read() {
             Ok(bank) => bank,
             Err(e) => return group.into_iter().for_each(|j| drop(j.reply.send(Err(e.clone())))),
@@ -278,6 +277,16 @@ impl Core {
 
 pub(super) fn answer(bank: &Bank, matches: Vec<crate::bank::Match>) -> ApiResult<QueryReply> {
     QueryReply::new(bank, matches).map_err(|e| ApiError::from_bank(e, "embedding"))
+}
+
+/// Runs blocking work on the calling thread of an async task: the
+/// multi-threaded runtime first moves its other tasks to another thread.
+fn blocking_here<R>(work: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
+    }
 }
 
 fn poisoned_lock() -> ApiError {

@@ -6,6 +6,7 @@
 
 #[cfg(feature = "agent")]
 mod agent;
+mod batcher;
 pub mod body;
 mod browse;
 mod core;

@@ -1,0 +1,121 @@
+//! Query batching across clients: the queue of waiting queries per tree
+//! and the policy deciding when a pass over the column starts.
+//!
+//! A query that finds no pass owning its tree runs one itself, on its own
+//! thread (no hand-off: a lone client pays what the library call pays).
+//! Queries arriving meanwhile wait in the queue; when that pass ends, one
+//! runner thread takes over and scores them, every waiting query in one
+//! pass. Closed-loop clients answered by a pass come back together within
+//! a moment, so before each pass the runner waits until as many queries
+//! are queued as the previous pass answered, bounded by a small fraction
+//! of the previous pass's time (`CONVOY_WAIT_SHARE`, at most
+//! `CONVOY_WAIT_MAX`): without it a pass would start with the first two
+//! or three returning clients and the rest would wait a whole pass more.
+
+use std::collections::HashMap;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use super::body::QueryReply;
+use super::error::ApiResult;
+use crate::bank::QueryOptions;
+
+/// The longest a runner waits for the convoy before a pass.
+const CONVOY_WAIT_MAX: Duration = Duration::from_millis(3);
+/// The wait for the convoy as a share of the previous pass's time.
+const CONVOY_WAIT_SHARE: u32 = 10;
+
+pub(super) struct QueryJob {
+    pub embedding: Vec<f32>,
+    pub options: QueryOptions,
+    pub reply: oneshot::Sender<ApiResult<QueryReply>>,
+}
+
+#[derive(Default)]
+struct TreeQueue {
+    jobs: Vec<QueryJob>,
+    /// A leader or the runner owns the tree's passes.
+    running: bool,
+    /// Queries the previous pass answered, and how long it took.
+    last_count: usize,
+    last_time: Duration,
+}
+
+/// What the owner of a tree's passes does next.
+pub(super) enum Next {
+    Pass(Vec<QueryJob>),
+    /// Nothing is waiting; the tree has no owner any more.
+    Stop,
+}
+
+#[derive(Default)]
+pub(super) struct Batcher {
+    trees: Mutex<HashMap<String, TreeQueue>>,
+    arrived: Condvar,
+}
+
+impl Batcher {
+    /// Queues a query. Returns true when the caller must lead: no pass
+    /// owns the tree, so it runs `take_now` and the pass itself.
+    pub fn enqueue(&self, tree: &str, job: QueryJob) -> bool {
+        let mut trees = self.trees.lock().unwrap_or_else(|p| p.into_inner());
+        let queue = trees.entry(tree.to_string()).or_default();
+        queue.jobs.push(job);
+        let lead = !std::mem::replace(&mut queue.running, true);
+        drop(trees);
+        self.arrived.notify_all();
+        lead
+    }
+
+    /// Every query waiting on the tree, taken by the leader at once.
+    pub fn take_now(&self, tree: &str) -> Vec<QueryJob> {
+        let mut trees = self.trees.lock().unwrap_or_else(|p| p.into_inner());
+        trees
+            .get_mut(tree)
+            .map(|q| std::mem::take(&mut q.jobs))
+            .unwrap_or_default()
+    }
+
+    /// Records a finished pass. Returns true when queries are waiting (the
+    /// caller hands them to a runner, which then owns the tree); false
+    /// when the tree's passes have no owner any more.
+    pub fn finish(&self, tree: &str, count: usize, time: Duration) -> bool {
+        let mut trees = self.trees.lock().unwrap_or_else(|p| p.into_inner());
+        let queue = trees.get_mut(tree).expect("a tree with a pass has a queue");
+        assert!(queue.running, "a pass ends only on an owned tree");
+        queue.last_count = count;
+        queue.last_time = time;
+        queue.running = !queue.jobs.is_empty();
+        queue.running
+    }
+
+    /// The runner's next pass: waits for the convoy (see the module
+    /// comment), then takes every waiting query; `Stop` (and the tree
+    /// loses its owner) when none came.
+    pub fn take_convoy(&self, tree: &str) -> Next {
+        let mut trees = self.trees.lock().unwrap_or_else(|p| p.into_inner());
+        let queue = trees.get_mut(tree).expect("a running tree has a queue");
+        let wait = (queue.last_time / CONVOY_WAIT_SHARE).min(CONVOY_WAIT_MAX);
+        let (target, deadline) = (queue.last_count, Instant::now() + wait);
+        loop {
+            let queue = trees.get_mut(tree).expect("a running tree has a queue");
+            let now = Instant::now();
+            if queue.jobs.len() >= target || now >= deadline {
+                break;
+            }
+            trees = self
+                .arrived
+                .wait_timeout(trees, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        let queue = trees.get_mut(tree).expect("a running tree has a queue");
+        if queue.jobs.is_empty() {
+            queue.running = false;
+            return Next::Stop;
+        }
+        Next::Pass(std::mem::take(&mut queue.jobs))
+    }
+}
