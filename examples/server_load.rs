@@ -20,8 +20,8 @@
 //!
 //!   cargo run --release --example server_load [-- NODES [PHASES]]
 //!
-//! PHASES is a comma-separated subset of `overhead,query,insert` (default
-//! all), e.g. to profile one phase with `perf record`.
+//! PHASES is a comma-separated subset of `overhead,batch,query,insert`
+//! (default all), e.g. to profile one phase with `perf record`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -249,6 +249,51 @@ fn insert_phase(empty: &Path) -> Vec<Run> {
     runs
 }
 
+/// CPU seconds this process has used (user + system), from /proc.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after_name = stat.rsplit(')').next().unwrap_or("");
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 here.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// The batch kernel in the library: 32 queries in one `query_batch` pass
+/// against the same 32 as single queries, interleaved; GFLOP/s per wall
+/// second and per CPU second (the latter is what a loaded machine still
+/// lets one see of the kernel's speed).
+fn batch_phase(library: &Bank, queries: &[Vec<f32>], nodes: usize) {
+    let options = QueryOptions::default();
+    let batch = &queries[..32];
+    let flop = 2.0 * (batch.len() * nodes * DIM) as f64;
+    let (mut pass, mut singles) = (Vec::new(), Vec::new());
+    let (mut pass_cpu, mut singles_cpu) = (0.0, 0.0);
+    for _ in 0..5 {
+        let (t, c) = (Instant::now(), cpu_seconds());
+        std::hint::black_box(library.query_batch("task", batch, &options).unwrap());
+        pass.push(t.elapsed().as_secs_f64());
+        pass_cpu += cpu_seconds() - c;
+        let (t, c) = (Instant::now(), cpu_seconds());
+        for q in batch {
+            std::hint::black_box(library.query("task", q, &options).unwrap());
+        }
+        singles.push(t.elapsed().as_secs_f64());
+        singles_cpu += cpu_seconds() - c;
+    }
+    let (pass, singles) = (median(pass), median(singles));
+    println!(
+        "query_batch of 32: one pass {:.1} ms ({:.1} GFLOP/s wall, {:.1} GFLOP/s per CPU second); \
+         32 single queries {:.1} ms ({:.1} GFLOP/s per CPU second); pass/singles time {:.2}",
+        pass * 1e3,
+        flop / pass / 1e9,
+        5.0 * flop / pass_cpu.max(1e-9) / 1e9,
+        singles * 1e3,
+        5.0 * flop / singles_cpu.max(1e-9) / 1e9,
+        pass / singles
+    );
+}
+
 fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .unwrap_or_default()
@@ -262,7 +307,7 @@ fn main() {
     let nodes: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(100_000);
     let phases = std::env::args()
         .nth(2)
-        .unwrap_or_else(|| "overhead,query,insert".into());
+        .unwrap_or_else(|| "overhead,batch,query,insert".into());
     let wants = |phase: &str| phases.split(',').any(|p| p == phase);
     let dir = tempfile::tempdir().unwrap();
     let (big, empty) = (dir.path().join("big"), dir.path().join("empty"));
@@ -294,6 +339,9 @@ fn main() {
             "server overhead at 1 client = {over:.3} ms over the library median (< 0.3 ms): {}",
             verdict(over < 0.3)
         ));
+    }
+    if wants("batch") {
+        batch_phase(&library_bank(&big), &queries, nodes);
     }
     if wants("query") {
         let runs = query_phase(&base, &bodies);

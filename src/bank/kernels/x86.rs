@@ -46,7 +46,7 @@ unsafe fn ld_f16_512(v: *const u8, o: usize) -> __m512 {
 /// valid for reads of f32 components `o..o + n` of the row, `n` < 16.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn tail_f32_512(v: *const u8, o: usize, n: usize) -> __m512 {
+pub(super) unsafe fn tail_f32_512(v: *const u8, o: usize, n: usize) -> __m512 {
     // SAFETY: a masked load reads (and may fault on) only the n enabled
     // lanes, which the caller guarantees are inside the row.
     unsafe { _mm512_maskz_loadu_ps(lane_mask16(n), v.add(4 * o).cast()) }
@@ -101,7 +101,7 @@ fn lane_mask8(n: usize) -> __m256i {
 /// valid for reads of f32 components `o..o + n` of the row, `n` < 8.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tail_f32_256(v: *const u8, o: usize, n: usize) -> __m256 {
+pub(super) unsafe fn tail_f32_256(v: *const u8, o: usize, n: usize) -> __m256 {
     // SAFETY: maskload reads only the n enabled lanes (no fault on the
     // others), which the caller guarantees are inside the row.
     unsafe { _mm256_maskload_ps(v.add(4 * o).cast(), lane_mask8(n)) }
@@ -123,7 +123,7 @@ unsafe fn tail_f16_256(v: *const u8, o: usize, n: usize) -> __m256 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hsum256(s: __m256) -> f32 {
+pub(super) fn hsum256(s: __m256) -> f32 {
     let quad = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
     let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
     _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps::<1>(pair, pair)))
@@ -138,7 +138,7 @@ fn hsum256(s: __m256) -> f32 {
 /// valid for reads of `n` f32 values, `n` < 16.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn qtail_512(p: *const f32, n: usize) -> __m512 {
+pub(super) unsafe fn qtail_512(p: *const f32, n: usize) -> __m512 {
     // SAFETY: only the n enabled lanes are read; the caller guarantees them.
     unsafe { _mm512_maskz_loadu_ps(lane_mask16(n), p) }
 }
@@ -148,7 +148,7 @@ unsafe fn qtail_512(p: *const f32, n: usize) -> __m512 {
 /// valid for reads of `n` f32 values, `n` < 8.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn qtail_256(p: *const f32, n: usize) -> __m256 {
+pub(super) unsafe fn qtail_256(p: *const f32, n: usize) -> __m256 {
     // SAFETY: only the n enabled lanes are read; the caller guarantees them.
     unsafe { _mm256_maskload_ps(p, lane_mask8(n)) }
 }

@@ -40,7 +40,8 @@ fn scan_rows(base: &Base, p: &ScanParams, queries: &[&[f32]], rows: Range<u32>) 
             let out = &mut scores[at.start * nq..];
             match base.precision {
                 Precision::F16 => kernels::score_f16(p.level, queries, dim, rows, out),
-                Precision::F32 | Precision::Int8 => kernels::score_f32(p.level, queries, dim, rows, out),
+                Precision::F32 | Precision::Int8 if nq == 1 => kernels::score_f32(p.level, queries, dim, rows, out),
+                Precision::F32 | Precision::Int8 => kernels::score_f32_batch(p.level, queries, dim, rows, out),
             }
         })?;
         for i in 0..selected.len {
