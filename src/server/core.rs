@@ -11,10 +11,10 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use tokio::sync::{oneshot, watch};
@@ -308,55 +308,107 @@ impl OptionsKey {
     }
 }
 
-/// The writer thread: rounds of apply-all, one fsync, answer-all, until
-/// the queue's senders are gone.
+/// A write applied and waiting for the fsync that makes it durable.
+type Held = (oneshot::Sender<ApiResult<WriteDone>>, ApiResult<WriteDone>);
+
+/// The writer thread, until the queue's senders are gone: rounds of
+/// apply-all (under the exclusive lock, no fsync), then, when the policy
+/// asks for one (`Bank::sync_is_due`: every round under `always`; under
+/// `batch` once its record count is pending or its interval has passed),
+/// one fsync outside the lock and the answers of every write it covers.
+/// Under `none` a write is answered once applied. A refused write is
+/// answered at once (nothing of it is stored).
 fn writer_loop(shared: &Shared, rx: &Receiver<WriteJob>) {
-    while let Ok(first) = rx.recv() {
-        let mut jobs = vec![first];
-        while jobs.len() < ROUND_MAX_WRITES {
+    let mut held: Vec<Held> = Vec::new();
+    let mut last_sync = Instant::now();
+    loop {
+        let first = match held.is_empty() {
+            true => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            false => rx.recv_timeout(until_due(shared.policy, last_sync)),
+        };
+        let mut jobs = match first {
+            Ok(job) => vec![job],
+            Err(RecvTimeoutError::Timeout) => Vec::new(),
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        while (1..ROUND_MAX_WRITES).contains(&jobs.len()) {
             match rx.try_recv() {
                 Ok(job) => jobs.push(job),
                 Err(_) => break,
             }
         }
-        let results = round(shared, &jobs);
+        let timed_out = jobs.is_empty();
+        let results = apply_round(shared, &jobs);
         for (job, result) in jobs.into_iter().zip(results) {
-            let _ = job.reply.send(result);
+            match (&result, shared.policy) {
+                (Ok(_), SyncPolicy::Always | SyncPolicy::Batch { .. }) => held.push((job.reply, result)),
+                _ => drop(job.reply.send(result)),
+            }
         }
+        let due = timed_out || shared.bank.read().is_ok_and(|b| b.sync_is_due(shared.policy));
+        if due && !held.is_empty() {
+            answer_held(shared, &mut held);
+            last_sync = Instant::now();
+        }
+        announce(shared);
+    }
+    answer_held(shared, &mut held);
+}
+
+/// How long the oldest held write may still wait for its fsync.
+fn until_due(policy: SyncPolicy, last_sync: Instant) -> Duration {
+    match policy {
+        SyncPolicy::Batch { interval_ms, .. } => Duration::from_millis(interval_ms).saturating_sub(last_sync.elapsed()),
+        SyncPolicy::Always | SyncPolicy::None => Duration::ZERO,
     }
 }
 
-/// Applies a round of writes and makes them durable with one fsync.
-fn round(shared: &Shared, jobs: &[WriteJob]) -> Vec<ApiResult<WriteDone>> {
+/// Applies a round of writes under the exclusive lock, without an fsync.
+fn apply_round(shared: &Shared, jobs: &[WriteJob]) -> Vec<ApiResult<WriteDone>> {
+    if jobs.is_empty() {
+        return Vec::new();
+    }
     let Ok(mut bank) = shared.bank.write() else {
         return jobs.iter().map(|_| Err(poisoned_lock())).collect();
     };
-    let mut results: Vec<ApiResult<WriteDone>> = jobs.iter().map(|j| apply(&mut bank, &j.op)).collect();
+    let results: Vec<ApiResult<WriteDone>> = jobs.iter().map(|j| apply(&mut bank, &j.op)).collect();
     shared.metrics.write_round(results.iter().filter(|r| r.is_ok()).count());
-    let pending = match shared.policy {
-        SyncPolicy::None => Ok(None),
-        _ => bank.detach_sync(),
-    };
-    drop(bank);
-    let synced = match pending {
-        Ok(None) => Ok(()),
-        Ok(Some(pending)) => make_durable(shared, &pending),
-        Err(e) => Err(e.to_string()),
-    };
-    if let Err(e) = synced {
-        // Applied but not durable: the bank is poisoned and says so.
-        let error = ApiError::unavailable(format!("write not made durable: {e}"));
-        for r in results.iter_mut().filter(|r| r.is_ok()) {
-            *r = Err(error.clone());
-        }
-    }
+    results
+}
+
+/// Tells `/v1/events` subscribers what the bank holds now.
+fn announce(shared: &Shared) {
     if let Ok(bank) = shared.bank.read() {
         shared.changes.send_replace(ChangeEvent {
             node_count: bank.node_count(),
             last_lsn: bank.durable_below_lsn().saturating_sub(1),
         });
     }
-    results
+}
+
+/// Makes every held write durable with one fsync (no lock held during
+/// it), then answers them: applied but not durable is an error, and the
+/// bank is then poisoned and says so.
+fn answer_held(shared: &Shared, held: &mut Vec<Held>) {
+    if held.is_empty() {
+        return;
+    }
+    let pending = match shared.bank.read() {
+        Ok(bank) => bank.detach_sync().map_err(|e| e.to_string()),
+        Err(_) => Err("the bank's lock was poisoned".to_string()),
+    };
+    let synced = match pending {
+        Ok(None) => Ok(()),
+        Ok(Some(pending)) => make_durable(shared, &pending),
+        Err(e) => Err(e),
+    };
+    for (reply, result) in held.drain(..) {
+        let result = match &synced {
+            Ok(()) => result,
+            Err(e) => Err(ApiError::unavailable(format!("write not made durable: {e}"))),
+        };
+        let _ = reply.send(result);
+    }
 }
 
 /// Runs a detached fsync with no lock held, then records it.

@@ -16,6 +16,8 @@ pub mod mcp;
 mod metrics;
 pub mod openapi;
 mod routes;
+#[cfg(test)]
+mod tests;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
