@@ -1,35 +1,33 @@
 //! The one bank a server process owns, shared by every request.
 //!
-//! Writes go to one writer thread through a queue. Each round it drains
-//! the queue, applies every write under the exclusive lock without an
-//! fsync, releases the lock, runs one WAL fsync for the whole round
-//! (`Bank::detach_sync`), then answers: concurrent durable writes share an
-//! fsync (group commit) and queries never wait for the disk. Queries on a
+//! Writes go to one writer thread through a queue; it applies them in
+//! rounds under the exclusive lock without an fsync, and a syncer thread
+//! makes them durable and answers them (`commit`): concurrent durable
+//! writes share an fsync (group commit) and queries never wait for the
+//! disk. Queries on a
 //! tree go through a per-tree queue (`batcher`): while one pass is being
 //! scored the next one gathers, and each is scored in one pass over the
 //! column (`Bank::query_batch`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::http::StatusCode;
 use tokio::sync::{oneshot, watch};
 
 use super::batcher::{Batcher, Next, QueryJob};
 use super::body::{ConsolidateReply, HitReply, InsertReply, QueryReply};
+use super::commit::{Unsynced, writer_loop};
 use super::error::{ApiError, ApiResult};
 use super::metrics::Metrics;
 use crate::bank::{Bank, BankError, NewNode, NodeRef, OpenOptions, QueryOptions, SyncPolicy};
-use crate::storage::wal::DetachedSync;
 
 /// Writes waiting for the writer thread; a full queue answers 503.
 const WRITE_QUEUE_LEN: usize = 4096;
-/// Most writes applied in one round (one fsync).
-const ROUND_MAX_WRITES: usize = 1024;
 
 pub enum WriteOp {
     Insert(NewNode),
@@ -47,9 +45,9 @@ pub enum WriteDone {
     Consolidated(ConsolidateReply),
 }
 
-struct WriteJob {
-    op: WriteOp,
-    reply: oneshot::Sender<ApiResult<WriteDone>>,
+pub(super) struct WriteJob {
+    pub op: WriteOp,
+    pub reply: oneshot::Sender<ApiResult<WriteDone>>,
 }
 
 /// What `/v1/events` announces after each commit.
@@ -59,13 +57,14 @@ pub struct ChangeEvent {
     pub last_lsn: u64,
 }
 
-/// State the writer thread shares with the request handlers.
-struct Shared {
-    bank: RwLock<Bank>,
-    metrics: Arc<Metrics>,
-    changes: watch::Sender<ChangeEvent>,
+/// State the writer and syncer threads share with the request handlers.
+pub(super) struct Shared {
+    pub bank: RwLock<Bank>,
+    pub metrics: Arc<Metrics>,
+    pub changes: watch::Sender<ChangeEvent>,
     /// The policy acknowledgements honour (`None`: ack before any fsync).
-    policy: SyncPolicy,
+    pub policy: SyncPolicy,
+    pub unsynced: Unsynced,
 }
 
 pub struct Core {
@@ -97,6 +96,7 @@ impl Core {
             metrics: Arc::new(Metrics::default()),
             changes,
             policy,
+            unsynced: Unsynced::default(),
         });
         let (tx, rx) = sync_channel(WRITE_QUEUE_LEN);
         let for_thread = shared.clone();
@@ -289,7 +289,7 @@ fn blocking_here<R>(work: impl FnOnce() -> R) -> R {
     }
 }
 
-fn poisoned_lock() -> ApiError {
+pub(super) fn poisoned_lock() -> ApiError {
     ApiError::unavailable("the bank's lock was poisoned by a panic; restart the server")
 }
 
@@ -306,120 +306,6 @@ impl OptionsKey {
             o.include_consolidated,
         )
     }
-}
-
-/// A write applied and waiting for the fsync that makes it durable.
-type Held = (oneshot::Sender<ApiResult<WriteDone>>, ApiResult<WriteDone>);
-
-/// The writer thread, until the queue's senders are gone: rounds of
-/// apply-all (under the exclusive lock, no fsync), then, when the policy
-/// asks for one (`Bank::sync_is_due`: every round under `always`; under
-/// `batch` once its record count is pending or its interval has passed),
-/// one fsync outside the lock and the answers of every write it covers.
-/// Under `none` a write is answered once applied. A refused write is
-/// answered at once (nothing of it is stored).
-fn writer_loop(shared: &Shared, rx: &Receiver<WriteJob>) {
-    let mut held: Vec<Held> = Vec::new();
-    let mut last_sync = Instant::now();
-    loop {
-        let first = match held.is_empty() {
-            true => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            false => rx.recv_timeout(until_due(shared.policy, last_sync)),
-        };
-        let mut jobs = match first {
-            Ok(job) => vec![job],
-            Err(RecvTimeoutError::Timeout) => Vec::new(),
-            Err(RecvTimeoutError::Disconnected) => break,
-        };
-        while (1..ROUND_MAX_WRITES).contains(&jobs.len()) {
-            match rx.try_recv() {
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
-            }
-        }
-        let timed_out = jobs.is_empty();
-        let results = apply_round(shared, &jobs);
-        for (job, result) in jobs.into_iter().zip(results) {
-            match (&result, shared.policy) {
-                (Ok(_), SyncPolicy::Always | SyncPolicy::Batch { .. }) => held.push((job.reply, result)),
-                _ => drop(job.reply.send(result)),
-            }
-        }
-        let due = timed_out || shared.bank.read().is_ok_and(|b| b.sync_is_due(shared.policy));
-        if due && !held.is_empty() {
-            answer_held(shared, &mut held);
-            last_sync = Instant::now();
-        }
-        announce(shared);
-    }
-    answer_held(shared, &mut held);
-}
-
-/// How long the oldest held write may still wait for its fsync.
-fn until_due(policy: SyncPolicy, last_sync: Instant) -> Duration {
-    match policy {
-        SyncPolicy::Batch { interval_ms, .. } => Duration::from_millis(interval_ms).saturating_sub(last_sync.elapsed()),
-        SyncPolicy::Always | SyncPolicy::None => Duration::ZERO,
-    }
-}
-
-/// Applies a round of writes under the exclusive lock, without an fsync.
-fn apply_round(shared: &Shared, jobs: &[WriteJob]) -> Vec<ApiResult<WriteDone>> {
-    if jobs.is_empty() {
-        return Vec::new();
-    }
-    let Ok(mut bank) = shared.bank.write() else {
-        return jobs.iter().map(|_| Err(poisoned_lock())).collect();
-    };
-    let results: Vec<ApiResult<WriteDone>> = jobs.iter().map(|j| apply(&mut bank, &j.op)).collect();
-    shared.metrics.write_round(results.iter().filter(|r| r.is_ok()).count());
-    results
-}
-
-/// Tells `/v1/events` subscribers what the bank holds now.
-fn announce(shared: &Shared) {
-    if let Ok(bank) = shared.bank.read() {
-        shared.changes.send_replace(ChangeEvent {
-            node_count: bank.node_count(),
-            last_lsn: bank.durable_below_lsn().saturating_sub(1),
-        });
-    }
-}
-
-/// Makes every held write durable with one fsync (no lock held during
-/// it), then answers them: applied but not durable is an error, and the
-/// bank is then poisoned and says so.
-fn answer_held(shared: &Shared, held: &mut Vec<Held>) {
-    if held.is_empty() {
-        return;
-    }
-    let pending = match shared.bank.read() {
-        Ok(bank) => bank.detach_sync().map_err(|e| e.to_string()),
-        Err(_) => Err("the bank's lock was poisoned".to_string()),
-    };
-    let synced = match pending {
-        Ok(None) => Ok(()),
-        Ok(Some(pending)) => make_durable(shared, &pending),
-        Err(e) => Err(e),
-    };
-    for (reply, result) in held.drain(..) {
-        let result = match &synced {
-            Ok(()) => result,
-            Err(e) => Err(ApiError::unavailable(format!("write not made durable: {e}"))),
-        };
-        let _ = reply.send(result);
-    }
-}
-
-/// Runs a detached fsync with no lock held, then records it.
-fn make_durable(shared: &Shared, pending: &DetachedSync) -> Result<(), String> {
-    let outcome = pending.run();
-    shared.metrics.wal_sync();
-    let mut bank = shared
-        .bank
-        .write()
-        .map_err(|_| "the bank's lock was poisoned".to_string())?;
-    bank.finish_sync(pending, outcome).map_err(|e| e.to_string())
 }
 
 /// One write against the bank (no fsync: the round does that).

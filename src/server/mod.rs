@@ -9,6 +9,7 @@ mod agent;
 mod batcher;
 pub mod body;
 mod browse;
+mod commit;
 mod core;
 mod error;
 mod http;
