@@ -119,3 +119,65 @@ impl Batcher {
         Next::Pass(std::mem::take(&mut queue.jobs))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> (QueryJob, oneshot::Receiver<ApiResult<QueryReply>>) {
+        let (reply, rx) = oneshot::channel();
+        let job = QueryJob {
+            embedding: vec![1.0],
+            options: QueryOptions::default(),
+            reply,
+        };
+        (job, rx)
+    }
+
+    /// The first query on an idle tree leads; queries arriving during its
+    /// pass all go into the runner's next pass, not one pass each; the
+    /// tree is free again once nothing waits.
+    #[test]
+    fn a_pass_takes_every_waiting_query() {
+        let batcher = Batcher::default();
+        let (first, _a) = job();
+        assert!(batcher.enqueue("t", first), "an idle tree: the caller leads");
+        assert_eq!(batcher.take_now("t").len(), 1);
+        let mut waiting = Vec::new();
+        for _ in 0..5 {
+            let (j, rx) = job();
+            assert!(!batcher.enqueue("t", j), "a pass is running: the query waits");
+            waiting.push(rx);
+        }
+        let (other, _b) = job();
+        assert!(batcher.enqueue("u", other), "another tree has its own passes");
+        assert!(
+            batcher.finish("t", 1, Duration::from_millis(10)),
+            "queries wait: a runner takes over"
+        );
+        match batcher.take_convoy("t") {
+            Next::Pass(jobs) => assert_eq!(jobs.len(), 5),
+            Next::Stop => panic!("five queries were waiting"),
+        }
+        assert!(!batcher.finish("t", 5, Duration::from_millis(10)));
+        let (again, _c) = job();
+        assert!(batcher.enqueue("t", again), "the tree is idle again");
+    }
+
+    /// A runner with nothing waiting stops after its bounded wait and
+    /// leaves the tree idle.
+    #[test]
+    fn an_idle_runner_stops() {
+        let batcher = Batcher::default();
+        let (first, _a) = job();
+        assert!(batcher.enqueue("t", first));
+        batcher.take_now("t");
+        let (second, _b) = job();
+        batcher.enqueue("t", second);
+        assert!(batcher.finish("t", 1, Duration::from_millis(5)));
+        assert!(matches!(batcher.take_convoy("t"), Next::Pass(jobs) if jobs.len() == 1));
+        assert!(!batcher.finish("t", 1, Duration::from_millis(5)));
+        let (third, _c) = job();
+        assert!(batcher.enqueue("t", third), "no runner owns the tree");
+    }
+}

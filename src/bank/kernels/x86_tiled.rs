@@ -104,9 +104,10 @@ macro_rules! tiled {
                     .wrapping_add(slot * rows.stride_bytes + rows.offset_bytes)
                     .cast::<f32>()
             };
+            const TILE_ROWS: usize = $r;
             let n = rows.slots.len();
             let mut i = 0;
-            while i + $r <= n {
+            while i + TILE_ROWS <= n {
                 // SAFETY: rows i..i+R are inside `bytes` (checked by the caller).
                 unsafe {
                     row_tile::<$r>(
