@@ -22,6 +22,17 @@ fn node(i: usize) -> NewNode {
     }
 }
 
+/// A new empty bank (dim 4) served by a `Core` under `policy`.
+fn served(policy: SyncPolicy) -> (tempfile::TempDir, std::sync::Arc<Core>) {
+    let dir = tempfile::tempdir().unwrap();
+    Bank::create_dir(dir.path(), BankConfig::new(4))
+        .unwrap()
+        .close()
+        .unwrap();
+    let core = Core::open(dir.path(), policy, false, 1).unwrap();
+    (dir, core)
+}
+
 /// Waits (bounded) until the writer has applied `rounds` rounds.
 fn applied(core: &Core, rounds: u64) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -38,16 +49,11 @@ fn applied(core: &Core, rounds: u64) {
 /// `always`: three fsyncs.)
 #[test]
 fn batch_policy_shares_one_fsync_across_rounds() {
-    let dir = tempfile::tempdir().unwrap();
-    Bank::create_dir(dir.path(), BankConfig::new(4))
-        .unwrap()
-        .close()
-        .unwrap();
     let policy = SyncPolicy::Batch {
         records: 3,
         interval_ms: 3_600_000,
     };
-    let core = Core::open(dir.path(), policy, false, 1).unwrap();
+    let (dir, core) = served(policy);
     let mut pending = Vec::new();
     for i in 0..3 {
         pending.push(core.submit(WriteOp::Insert(node(i))).unwrap());
@@ -66,12 +72,7 @@ fn batch_policy_shares_one_fsync_across_rounds() {
 /// Under `always` each round is made durable before its answer.
 #[test]
 fn always_policy_syncs_every_round() {
-    let dir = tempfile::tempdir().unwrap();
-    Bank::create_dir(dir.path(), BankConfig::new(4))
-        .unwrap()
-        .close()
-        .unwrap();
-    let core = Core::open(dir.path(), SyncPolicy::Always, false, 1).unwrap();
+    let (_dir, core) = served(SyncPolicy::Always);
     for i in 0..3 {
         let rx = core.submit(WriteOp::Insert(node(i))).unwrap();
         assert!(rx.blocking_recv().unwrap().is_ok());
