@@ -189,24 +189,33 @@ fn overhead_ms(library: &Bank, url: &str, queries: &[Vec<f32>], bodies: &[String
 }
 
 /// Throughput and latency of single queries with 1, 8 and 32 clients;
-/// prints each and the share of queries batched per pass.
+/// prints each and the queries the server scored per pass.
 fn query_phase(base: &str, bodies: &[String]) -> Vec<Run> {
     let url = format!("{base}/v1/trees/task/query");
     let mut runs = Vec::new();
     for clients in [1, 8, 32] {
         let per_client = (400 / clients).max(20);
+        let before = batch_counters(base);
         let run = drive(&url, clients, per_client, |c, i| {
             bodies[(c * 7 + i) % bodies.len()].clone()
         });
+        let after = batch_counters(base);
+        let (queries, passes) = (after.0 - before.0, after.1 - before.1);
         println!(
-            "query  {clients:>2} clients: {:>8.1} q/s  p50 {:>7.3} ms  p99 {:>7.3} ms  ({} queries)",
+            "query  {clients:>2} clients: {:>8.1} q/s  p50 {:>7.3} ms  p99 {:>7.3} ms  ({} queries, {:.1} per pass)",
             run.rate(),
             run.pct(0.5),
             run.pct(0.99),
-            run.latencies_ms.len()
+            run.latencies_ms.len(),
+            queries / passes.max(1.0)
         );
         runs.push(run);
     }
+    runs
+}
+
+/// The server's (queries, passes) counters.
+fn batch_counters(base: &str) -> (f64, f64) {
     let metrics = ureq::get(&format!("{base}/metrics"))
         .call()
         .unwrap()
@@ -219,13 +228,10 @@ fn query_phase(base: &str, bodies: &[String]) -> Vec<Run> {
             .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
             .unwrap_or(0.0)
     };
-    println!(
-        "query batching: {} queries in {} passes ({:.1} per pass)",
+    (
         counter("deltamem_queries_total"),
         counter("deltamem_query_batches_total"),
-        counter("deltamem_queries_total") / counter("deltamem_query_batches_total").max(1.0)
-    );
-    runs
+    )
 }
 
 /// Durable single-node inserts with 1, 8 and 32 clients into `empty`.

@@ -7,7 +7,8 @@
 //! runner thread takes over and scores them, every waiting query in one
 //! pass. Closed-loop clients answered by a pass come back together within
 //! a moment, so before each pass the runner waits until as many queries
-//! are queued as the previous pass answered, bounded by a small fraction
+//! are queued as the previous pass answered plus those that waited
+//! through it, bounded by a small fraction
 //! of the previous pass's time (`CONVOY_WAIT_SHARE`, at most
 //! `CONVOY_WAIT_MAX`): without it a pass would start with the first two
 //! or three returning clients and the rest would wait a whole pass more.
@@ -38,8 +39,10 @@ struct TreeQueue {
     jobs: Vec<QueryJob>,
     /// A leader or the runner owns the tree's passes.
     running: bool,
-    /// Queries the previous pass answered, and how long it took.
-    last_count: usize,
+    /// Queries expected for the next pass: those the previous pass
+    /// answered (their clients come back) plus those that waited through
+    /// it; and how long the previous pass took.
+    expected: usize,
     last_time: Duration,
 }
 
@@ -85,7 +88,7 @@ impl Batcher {
         let mut trees = self.trees.lock().unwrap_or_else(|p| p.into_inner());
         let queue = trees.get_mut(tree).expect("a tree with a pass has a queue");
         assert!(queue.running, "a pass ends only on an owned tree");
-        queue.last_count = count;
+        queue.expected = count + queue.jobs.len();
         queue.last_time = time;
         queue.running = !queue.jobs.is_empty();
         queue.running
@@ -98,7 +101,7 @@ impl Batcher {
         let mut trees = self.trees.lock().unwrap_or_else(|p| p.into_inner());
         let queue = trees.get_mut(tree).expect("a running tree has a queue");
         let wait = (queue.last_time / CONVOY_WAIT_SHARE).min(CONVOY_WAIT_MAX);
-        let (target, deadline) = (queue.last_count, Instant::now() + wait);
+        let (target, deadline) = (queue.expected, Instant::now() + wait);
         loop {
             let queue = trees.get_mut(tree).expect("a running tree has a queue");
             let now = Instant::now();
