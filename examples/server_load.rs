@@ -10,7 +10,18 @@
 //!
 //! Prints throughput and p50/p99 latency and checks the issue's targets.
 //!
-//!   cargo run --release --example server_load [-- NODES]
+//! The server's overhead is measured against the library call in the same
+//! run, interleaved (library query, then the same query over HTTP, round
+//! after round), so both sides see the same machine load. The library side
+//! times `Bank::query` on its own read-only handle of the same bank with
+//! the same scan threads as the server; the HTTP side times the client's
+//! whole round trip (send the JSON body, the server parses it, scans,
+//! builds and sends the JSON answer, the client reads it).
+//!
+//!   cargo run --release --example server_load [-- NODES [PHASES]]
+//!
+//! PHASES is a comma-separated subset of `overhead,batch,query,insert`
+//! (default all), e.g. to profile one phase with `perf record`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -61,7 +72,7 @@ fn start(path: &Path) -> String {
         bank: path.to_path_buf(),
         listen: "127.0.0.1:0".parse().unwrap(),
         token: None,
-        threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        threads: threads(),
         sync: SyncPolicy::Always,
         read_only: false,
         limits: Limits::default(),
@@ -72,6 +83,8 @@ fn start(path: &Path) -> String {
 
 struct Run {
     seconds: f64,
+    /// CPU seconds the whole process (server and clients) used.
+    cpu_seconds: f64,
     latencies_ms: Vec<f64>,
 }
 
@@ -89,7 +102,8 @@ impl Run {
 /// `clients` threads each sending up to `per_client` requests made by `body`.
 fn drive(url: &str, clients: usize, per_client: usize, body: impl Fn(usize, usize) -> String + Sync) -> Run {
     let started = Instant::now();
-    let latencies_ms = std::thread::scope(|scope| {
+    let cpu_before = cpu_seconds();
+    let latencies_ms: Vec<f64> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..clients)
             .map(|c| {
                 let body = &body;
@@ -118,11 +132,12 @@ fn drive(url: &str, clients: usize, per_client: usize, body: impl Fn(usize, usiz
     });
     Run {
         seconds: started.elapsed().as_secs_f64(),
+        cpu_seconds: cpu_seconds() - cpu_before,
         latencies_ms,
     }
 }
 
-fn library_median_ms(path: &Path, queries: &[Vec<f32>]) -> f64 {
+fn library_bank(path: &Path) -> Bank {
     let mut bank = Bank::open_dir(
         path,
         OpenOptions {
@@ -131,24 +146,190 @@ fn library_median_ms(path: &Path, queries: &[Vec<f32>]) -> f64 {
         },
     )
     .unwrap();
-    bank.set_query_threads(std::thread::available_parallelism().map_or(2, |n| n.get()));
-    let options = QueryOptions::default();
-    let _ = bank.query("task", &queries[0], &options).unwrap();
-    let mut ms: Vec<f64> = queries
-        .iter()
-        .map(|q| {
-            let t = Instant::now();
-            let m = bank.query("task", q, &options).unwrap();
-            std::hint::black_box(m);
-            t.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
+    bank.set_query_threads(threads());
+    bank
+}
+
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
+fn median(mut ms: Vec<f64>) -> f64 {
     ms.sort_by(f64::total_cmp);
     ms[ms.len() / 2]
 }
 
+/// Medians of the library call and of the same query over HTTP (one
+/// client), interleaved round by round: (library ms, HTTP ms).
+fn overhead_ms(library: &Bank, url: &str, queries: &[Vec<f32>], bodies: &[String]) -> (f64, f64) {
+    let options = QueryOptions::default();
+    let agent: ureq::Agent = ureq::Agent::config_builder().build().into();
+    let post = |body: &str| {
+        let mut r = agent
+            .post(url)
+            .header("content-type", "application/json")
+            .send(body)
+            .unwrap();
+        r.body_mut().read_to_string().unwrap()
+    };
+    // Warm both: the first scan of each handle maps and checks the column.
+    std::hint::black_box(library.query("task", &queries[0], &options).unwrap());
+    std::hint::black_box(post(&bodies[0]));
+    let (mut lib, mut http) = (Vec::new(), Vec::new());
+    for round in 0..120 {
+        let i = round % queries.len();
+        let t = Instant::now();
+        std::hint::black_box(library.query("task", &queries[i], &options).unwrap());
+        lib.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        std::hint::black_box(post(&bodies[i]));
+        http.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    (median(lib), median(http))
+}
+
+/// Throughput and latency of single queries with 1, 8 and 32 clients;
+/// prints each and the queries the server scored per pass.
+fn query_phase(base: &str, bodies: &[String]) -> Vec<Run> {
+    let url = format!("{base}/v1/trees/task/query");
+    let mut runs = Vec::new();
+    for clients in [1, 8, 32] {
+        let per_client = (400 / clients).max(20);
+        let before = batch_counters(base);
+        let run = drive(&url, clients, per_client, |c, i| {
+            bodies[(c * 7 + i) % bodies.len()].clone()
+        });
+        let after = batch_counters(base);
+        let (queries, passes) = (after.0 - before.0, after.1 - before.1);
+        println!(
+            "query  {clients:>2} clients: {:>8.1} q/s  p50 {:>7.3} ms  p99 {:>7.3} ms  ({} queries, {:.1} per pass)",
+            run.rate(),
+            run.pct(0.5),
+            run.pct(0.99),
+            run.latencies_ms.len(),
+            queries / passes.max(1.0)
+        );
+        runs.push(run);
+    }
+    runs
+}
+
+/// The server's (queries, passes) counters.
+fn batch_counters(base: &str) -> (f64, f64) {
+    let metrics = ureq::get(&format!("{base}/metrics"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    let counter = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    (
+        counter("deltamem_queries_total"),
+        counter("deltamem_query_batches_total"),
+    )
+}
+
+/// Durable single-node inserts with 1, 8 and 32 clients into `empty`.
+fn insert_phase(empty: &Path) -> Vec<Run> {
+    let base = start(empty);
+    let url = format!("{base}/v1/nodes");
+    let mut runs = Vec::new();
+    for clients in [1, 8, 32] {
+        let per_client = (1600 / clients).clamp(50, 200);
+        // Bodies are made before the clock starts: the load generator
+        // shares the machine with the server and must not spend its time
+        // printing floats.
+        let bodies: Vec<Vec<String>> = (0..clients)
+            .map(|c| {
+                (0..per_client)
+                    .map(|i| {
+                        let mut r = Rng((c * 100_000 + i) as u64 + 1);
+                        serde_json::json!({"tree": "task", "attach": "root", "label": "SUCCESS",
+                            "scenario": format!("c{c} i{i}"), "payload": {}, "embedding": random_unit(&mut r)})
+                        .to_string()
+                    })
+                    .collect()
+            })
+            .collect();
+        let run = drive(&url, clients, per_client, |c, i| bodies[c][i].clone());
+        println!(
+            "insert {clients:>2} clients: {:>8.1} w/s  p50 {:>7.3} ms  p99 {:>7.3} ms  ({} durable inserts, {:.0} us CPU each, server and clients)",
+            run.rate(),
+            run.pct(0.5),
+            run.pct(0.99),
+            run.latencies_ms.len(),
+            run.cpu_seconds / run.latencies_ms.len() as f64 * 1e6
+        );
+        runs.push(run);
+    }
+    runs
+}
+
+/// CPU seconds this process has used (user + system), from /proc.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after_name = stat.rsplit(')').next().unwrap_or("");
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 here.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// The batch kernel in the library: 32 queries in one `query_batch` pass
+/// against the same 32 as single queries, interleaved; GFLOP/s per wall
+/// second and per CPU second (the latter is what a loaded machine still
+/// lets one see of the kernel's speed).
+fn batch_phase(library: &Bank, queries: &[Vec<f32>], nodes: usize) {
+    let options = QueryOptions::default();
+    let batch = &queries[..32];
+    let flop = 2.0 * (batch.len() * nodes * DIM) as f64;
+    let (mut pass, mut singles) = (Vec::new(), Vec::new());
+    let (mut pass_cpu, mut singles_cpu) = (0.0, 0.0);
+    for _ in 0..5 {
+        let (t, c) = (Instant::now(), cpu_seconds());
+        std::hint::black_box(library.query_batch("task", batch, &options).unwrap());
+        pass.push(t.elapsed().as_secs_f64());
+        pass_cpu += cpu_seconds() - c;
+        let (t, c) = (Instant::now(), cpu_seconds());
+        for q in batch {
+            std::hint::black_box(library.query("task", q, &options).unwrap());
+        }
+        singles.push(t.elapsed().as_secs_f64());
+        singles_cpu += cpu_seconds() - c;
+    }
+    let (pass, singles) = (median(pass), median(singles));
+    println!(
+        "query_batch of 32: one pass {:.1} ms ({:.1} GFLOP/s wall, {:.1} GFLOP/s per CPU second); \
+         32 single queries {:.1} ms ({:.1} GFLOP/s per CPU second); pass/singles time {:.2}",
+        pass * 1e3,
+        flop / pass / 1e9,
+        5.0 * flop / pass_cpu.max(1e-9) / 1e9,
+        singles * 1e3,
+        5.0 * flop / singles_cpu.max(1e-9) / 1e9,
+        pass / singles
+    );
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split(' ')
+        .next()
+        .unwrap_or("?")
+        .to_string()
+}
+
 fn main() {
     let nodes: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(100_000);
+    let phases = std::env::args()
+        .nth(2)
+        .unwrap_or_else(|| "overhead,batch,query,insert".into());
+    let wants = |phase: &str| phases.split(',').any(|p| p == phase);
     let dir = tempfile::tempdir().unwrap();
     let (big, empty) = (dir.path().join("big"), dir.path().join("empty"));
     build_bank(&big, nodes);
@@ -162,91 +343,47 @@ fn main() {
         .iter()
         .map(|q| serde_json::json!({"embedding": q}).to_string())
         .collect();
-    let library_ms = library_median_ms(&big, &queries);
-    println!("bank: {nodes} x {DIM} f32; library Bank::query median {library_ms:.3} ms");
-
-    let base = start(&big);
-    let url = format!("{base}/v1/trees/task/query");
-    let mut query_runs = Vec::new();
-    for clients in [1, 8, 32] {
-        let per_client = (400 / clients).max(20);
-        let run = drive(&url, clients, per_client, |c, i| {
-            bodies[(c * 7 + i) % bodies.len()].clone()
-        });
-        println!(
-            "query  {clients:>2} clients: {:>8.1} q/s  p50 {:>7.3} ms  p99 {:>7.3} ms  ({} queries)",
-            run.rate(),
-            run.pct(0.5),
-            run.pct(0.99),
-            run.latencies_ms.len()
-        );
-        query_runs.push(run);
-    }
-
-    let metrics = ureq::get(&format!("{base}/metrics"))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
-    let counter = |name: &str| -> f64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-            .unwrap_or(0.0)
-    };
     println!(
-        "query batching: {} queries in {} passes ({:.1} per pass)",
-        counter("deltamem_queries_total"),
-        counter("deltamem_query_batches_total"),
-        counter("deltamem_queries_total") / counter("deltamem_query_batches_total").max(1.0)
+        "bank: {nodes} x {DIM} f32, {} scan threads, load average at start {}",
+        threads(),
+        load_average()
     );
-
-    let base = start(&empty);
-    let url = format!("{base}/v1/nodes");
-    let mut insert_runs = Vec::new();
-    for clients in [1, 8, 32] {
-        let per_client = (1600 / clients).clamp(50, 200);
-        let run = drive(&url, clients, per_client, |c, i| {
-            let mut r = Rng((c * 100_000 + i) as u64 + 1);
-            serde_json::json!({"tree": "task", "attach": "root", "label": "SUCCESS",
-                "scenario": format!("c{c} i{i}"), "payload": {}, "embedding": random_unit(&mut r)})
-            .to_string()
-        });
-        println!(
-            "insert {clients:>2} clients: {:>8.1} w/s  p50 {:>7.3} ms  p99 {:>7.3} ms  ({} durable inserts)",
-            run.rate(),
-            run.pct(0.5),
-            run.pct(0.99),
-            run.latencies_ms.len()
-        );
-        insert_runs.push(run);
-    }
-
-    let ratio = insert_runs[2].rate() / insert_runs[0].rate();
-    let p99_ratio = query_runs[2].pct(0.99) / query_runs[0].pct(0.5);
-    let overhead_ms = query_runs[0].pct(0.5) - library_ms;
     let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
-    println!(
-        "load average (1 min) at the end: {}",
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .split(' ')
-            .next()
-            .unwrap_or("?")
-    );
+    let mut targets = Vec::new();
+    let base = start(&big);
+    if wants("overhead") {
+        let library = library_bank(&big);
+        let (lib_ms, http_ms) = overhead_ms(&library, &format!("{base}/v1/trees/task/query"), &queries, &bodies);
+        let over = http_ms - lib_ms;
+        println!("1 client, interleaved: library Bank::query median {lib_ms:.3} ms, HTTP query median {http_ms:.3} ms");
+        targets.push(format!(
+            "server overhead at 1 client = {over:.3} ms over the library median (< 0.3 ms): {}",
+            verdict(over < 0.3)
+        ));
+    }
+    if wants("batch") {
+        batch_phase(&library_bank(&big), &queries, nodes);
+    }
+    if wants("query") {
+        let runs = query_phase(&base, &bodies);
+        let p99_ratio = runs[2].pct(0.99) / runs[0].pct(0.5);
+        targets.push(format!(
+            "query p99 at 32 clients = {p99_ratio:.2}x the 1-client median (< 5x): {}",
+            verdict(p99_ratio < 5.0)
+        ));
+    }
+    if wants("insert") {
+        let runs = insert_phase(&empty);
+        let ratio = runs[2].rate() / runs[0].rate();
+        targets.push(format!(
+            "32-client durable inserts = {ratio:.1}x the 1-client rate (>= 10x): {}",
+            verdict(ratio >= 10.0)
+        ));
+    }
+    println!("load average (1 min) at the end: {}", load_average());
     println!("targets:");
-    println!(
-        "  32-client durable inserts = {ratio:.1}x the 1-client rate (>= 10x): {}",
-        verdict(ratio >= 10.0)
-    );
-    println!(
-        "  query p99 at 32 clients = {p99_ratio:.2}x the 1-client median (< 5x): {}",
-        verdict(p99_ratio < 5.0)
-    );
-    println!(
-        "  server overhead at 1 client = {overhead_ms:.3} ms over the library median (< 0.3 ms): {}",
-        verdict(overhead_ms < 0.3)
-    );
+    for t in targets {
+        println!("  {t}");
+    }
     std::process::exit(0);
 }

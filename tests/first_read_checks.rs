@@ -126,6 +126,33 @@ fn a_flipped_bit_fails_the_first_scan_in_every_precision() {
     }
 }
 
+/// A pass wider than the summing kernels (an f32 `query_batch` of more
+/// than `MAX_BLOCK` queries, which the register-blocked kernel scores):
+/// on a fresh open it still checks every vector it reads, and on an intact
+/// bank it answers exactly as one query at a time.
+#[test]
+fn a_wide_f32_pass_checks_vectors_on_first_read() {
+    let wide = deltamem::bank::kernels::MAX_BLOCK * 2 + 3;
+    let queries: Vec<Vec<f32>> = (0..wide).map(|i| embedding(i % ROWS as usize)).collect();
+    let storage = build(Precision::F32);
+    let batch = read_only(&storage).query_batch("task", &queries, &options()).unwrap();
+    let fresh = read_only(&storage);
+    for (q, got) in queries.iter().zip(&batch) {
+        assert_eq!(&fresh.query("task", q, &options()).unwrap(), got);
+    }
+    for node in [0usize, 2, 5] {
+        let storage = build(Precision::F32);
+        let name = format!("vectors-{:06}.seg", node / 4);
+        let at = (node % 4) * stride(Precision::F32) + 9;
+        edit(&storage, &name, |b| b[at] ^= 0x10);
+        let e = read_only(&storage)
+            .query_batch("task", &queries, &options())
+            .expect_err("a flipped bit in a wide pass");
+        let e = e.to_string();
+        assert!(e.contains(&name) && e.contains(&format!("node {node}")), "{e}");
+    }
+}
+
 /// A vector whose CRC still matches but whose row claims another lane sum
 /// (a forged row, fresh row CRC): the scan's check refuses it; the CRC
 /// paths (a single read) accept the vector, and `verify` names the field.

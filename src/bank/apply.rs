@@ -159,16 +159,25 @@ impl Bank {
     }
 
     fn sync_per_policy(&mut self, policy: SyncPolicy) -> Result<(), BankError> {
-        let writer = self.writer.as_mut().expect("writer");
-        let due = match policy {
+        if self.sync_is_due(policy) { self.sync() } else { Ok(()) }
+    }
+
+    /// Whether `policy` asks for an fsync now, after a commit: always under
+    /// `always`; under `batch` once its record count is pending or its
+    /// interval has passed since the last sync; never under `none`. A
+    /// server that syncs for its writer asks this once per round.
+    pub fn sync_is_due(&self, policy: SyncPolicy) -> bool {
+        let Some(writer) = self.writer.as_ref() else {
+            return false;
+        };
+        match policy {
             SyncPolicy::Always => true,
             SyncPolicy::Batch { records, interval_ms } => {
                 let pending = writer.wal.next_lsn() - writer.wal.synced_below();
                 pending >= u64::from(records) || writer.last_sync.elapsed().as_millis() as u64 >= interval_ms
             }
             SyncPolicy::None => false,
-        };
-        if due { self.sync() } else { Ok(()) }
+        }
     }
 
     /// Makes every committed record durable. After a failed fsync the bank

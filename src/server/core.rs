@@ -1,33 +1,33 @@
 //! The one bank a server process owns, shared by every request.
 //!
-//! Writes go to one writer thread through a queue. Each round it drains
-//! the queue, applies every write under the exclusive lock without an
-//! fsync, releases the lock, runs one WAL fsync for the whole round
-//! (`Bank::detach_sync`), then answers: concurrent durable writes share an
-//! fsync (group commit) and queries never wait for the disk. Queries on a
-//! tree go through a per-tree queue: while one batch is being scored the
-//! next one gathers, and each batch is scored in one pass over the column
-//! (`Bank::query_batch`).
+//! Writes go to one writer thread through a queue; it applies them in
+//! rounds under the exclusive lock without an fsync, and a syncer thread
+//! makes them durable and answers them (`commit`): concurrent durable
+//! writes share an fsync (group commit) and queries never wait for the
+//! disk. Queries on a
+//! tree go through a per-tree queue (`batcher`): while one pass is being
+//! scored the next one gathers, and each is scored in one pass over the
+//! column (`Bank::query_batch`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use axum::http::StatusCode;
 use tokio::sync::{oneshot, watch};
 
+use super::batcher::{Batcher, Next, QueryJob};
 use super::body::{ConsolidateReply, HitReply, InsertReply, QueryReply};
+use super::commit::{Unsynced, writer_loop};
 use super::error::{ApiError, ApiResult};
 use super::metrics::Metrics;
 use crate::bank::{Bank, BankError, NewNode, NodeRef, OpenOptions, QueryOptions, SyncPolicy};
-use crate::storage::wal::DetachedSync;
 
 /// Writes waiting for the writer thread; a full queue answers 503.
 const WRITE_QUEUE_LEN: usize = 4096;
-/// Most writes applied in one round (one fsync).
-const ROUND_MAX_WRITES: usize = 1024;
 
 pub enum WriteOp {
     Insert(NewNode),
@@ -50,21 +50,9 @@ pub enum WriteDone {
     Transacted(Vec<crate::bank::ChangeAck>),
 }
 
-struct WriteJob {
-    op: WriteOp,
-    reply: oneshot::Sender<ApiResult<WriteDone>>,
-}
-
-struct QueryJob {
-    embedding: Vec<f32>,
-    options: QueryOptions,
-    reply: oneshot::Sender<ApiResult<QueryReply>>,
-}
-
-#[derive(Default)]
-struct TreeQueue {
-    jobs: Vec<QueryJob>,
-    running: bool,
+pub(super) struct WriteJob {
+    pub op: WriteOp,
+    pub reply: oneshot::Sender<ApiResult<WriteDone>>,
 }
 
 /// What `/v1/events` announces after each commit.
@@ -74,20 +62,21 @@ pub struct ChangeEvent {
     pub last_lsn: u64,
 }
 
-/// State the writer thread shares with the request handlers.
-struct Shared {
-    bank: RwLock<Bank>,
-    metrics: Arc<Metrics>,
-    changes: watch::Sender<ChangeEvent>,
+/// State the writer and syncer threads share with the request handlers.
+pub(super) struct Shared {
+    pub bank: RwLock<Bank>,
+    pub metrics: Arc<Metrics>,
+    pub changes: watch::Sender<ChangeEvent>,
     /// The policy acknowledgements honour (`None`: ack before any fsync).
-    policy: SyncPolicy,
+    pub policy: SyncPolicy,
+    pub unsynced: Unsynced,
 }
 
 pub struct Core {
     shared: Arc<Shared>,
     writes: Mutex<Option<SyncSender<WriteJob>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
-    queries: Mutex<HashMap<String, TreeQueue>>,
+    queries: Batcher,
     read_only: bool,
 }
 
@@ -112,6 +101,7 @@ impl Core {
             metrics: Arc::new(Metrics::default()),
             changes,
             policy,
+            unsynced: Unsynced::default(),
         });
         let (tx, rx) = sync_channel(WRITE_QUEUE_LEN);
         let for_thread = shared.clone();
@@ -123,7 +113,7 @@ impl Core {
             shared,
             writes: Mutex::new(Some(tx)),
             writer: Mutex::new(Some(writer)),
-            queries: Mutex::new(HashMap::new()),
+            queries: Batcher::default(),
             read_only,
         }))
     }
@@ -187,8 +177,8 @@ impl Core {
     }
 
     /// One query, scored together with whatever other queries on the same
-    /// tree arrive while the previous batch runs. The embedding must have
-    /// been checked (`check_embedding`).
+    /// tree wait for a pass (`batcher`). The embedding must have been
+    /// checked (`check_embedding`).
     pub async fn query(
         self: &Arc<Self>,
         tree: &str,
@@ -199,49 +189,58 @@ impl Core {
             .tree_index(tree)
             .map_err(|e| ApiError::from_bank(e, "tree"))?;
         let (reply, rx) = oneshot::channel();
-        let start = {
-            let mut queues = self.queries.lock().map_err(|_| poisoned_lock())?;
-            let queue = queues.entry(tree.to_string()).or_default();
-            queue.jobs.push(QueryJob {
-                embedding,
-                options,
-                reply,
-            });
-            !std::mem::replace(&mut queue.running, true)
+        let job = QueryJob {
+            embedding,
+            options,
+            reply,
         };
-        if start {
-            let core = self.clone();
-            let tree = tree.to_string();
-            tokio::task::spawn_blocking(move || core.run_queries(&tree));
+        if self.queries.enqueue(tree, job) {
+            blocking_here(|| self.lead(tree));
         }
         rx.await
             .map_err(|_| ApiError::unavailable("the query runner stopped"))?
     }
 
-    /// Scores queued queries of one tree until its queue is empty.
+    /// Runs one pass on the calling thread with every query waiting (its
+    /// own among them), then hands what queued meanwhile to a runner.
+    fn lead(self: &Arc<Self>, tree: &str) {
+        let jobs = self.queries.take_now(tree);
+        if self.pass(tree, jobs) {
+            let core = self.clone();
+            let tree = tree.to_string();
+            tokio::task::spawn_blocking(move || core.run_queries(&tree));
+        }
+    }
+
+    /// The runner: passes over the tree until no query comes.
     fn run_queries(&self, tree: &str) {
-        loop {
-            let jobs = {
-                let Ok(mut queues) = self.queries.lock() else { return };
-                let queue = queues.get_mut(tree).expect("a running tree has a queue");
-                if queue.jobs.is_empty() {
-                    queue.running = false;
-                    return;
-                }
-                std::mem::take(&mut queue.jobs)
-            };
-            self.shared.metrics.query_batch(jobs.len());
-            let mut groups: BTreeMap<OptionsKey, Vec<QueryJob>> = BTreeMap::new();
-            for job in jobs {
-                groups.entry(OptionsKey::of(&job.options)).or_default().push(job);
-            }
-            for (_, group) in groups {
-                self.answer_group(tree, group);
+        while let Next::Pass(jobs) = self.queries.take_convoy(tree) {
+            if !self.pass(tree, jobs) {
+                return;
             }
         }
     }
 
+    /// Scores `jobs` (grouped by options, one pass per group) and answers
+    /// them; true when more queries wait (see `Batcher::finish`).
+    fn pass(&self, tree: &str, jobs: Vec<QueryJob>) -> bool {
+        let started = Instant::now();
+        let count = jobs.len();
+        self.shared.metrics.query_batch(count);
+        let mut groups: BTreeMap<OptionsKey, Vec<QueryJob>> = BTreeMap::new();
+        for job in jobs {
+            groups.entry(OptionsKey::of(&job.options)).or_default().push(job);
+        }
+        for (_, group) in groups {
+            self.answer_group(tree, group);
+        }
+        self.queries.finish(tree, count, started.elapsed())
+    }
+
     fn answer_group(&self, tree: &str, group: Vec<QueryJob>) {
+        if group.is_empty() {
+            return;
+        }
         let bank = match self.read() {
             Ok(bank) => bank,
             Err(e) => return group.into_iter().for_each(|j| drop(j.reply.send(Err(e.clone())))),
@@ -292,7 +291,17 @@ pub(super) fn answer(bank: &Bank, matches: Vec<crate::bank::Match>) -> ApiResult
     QueryReply::new(bank, matches).map_err(|e| ApiError::from_bank(e, "embedding"))
 }
 
-fn poisoned_lock() -> ApiError {
+/// Runs blocking work on the calling thread of an async task: the
+/// multi-threaded runtime first moves its other tasks to another thread.
+fn blocking_here<R>(work: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
+    }
+}
+
+pub(super) fn poisoned_lock() -> ApiError {
     ApiError::unavailable("the bank's lock was poisoned by a panic; restart the server")
 }
 
@@ -309,68 +318,6 @@ impl OptionsKey {
             o.include_consolidated,
         )
     }
-}
-
-/// The writer thread: rounds of apply-all, one fsync, answer-all, until
-/// the queue's senders are gone.
-fn writer_loop(shared: &Shared, rx: &Receiver<WriteJob>) {
-    while let Ok(first) = rx.recv() {
-        let mut jobs = vec![first];
-        while jobs.len() < ROUND_MAX_WRITES {
-            match rx.try_recv() {
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
-            }
-        }
-        let results = round(shared, &jobs);
-        for (job, result) in jobs.into_iter().zip(results) {
-            let _ = job.reply.send(result);
-        }
-    }
-}
-
-/// Applies a round of writes and makes them durable with one fsync.
-fn round(shared: &Shared, jobs: &[WriteJob]) -> Vec<ApiResult<WriteDone>> {
-    let Ok(mut bank) = shared.bank.write() else {
-        return jobs.iter().map(|_| Err(poisoned_lock())).collect();
-    };
-    let mut results: Vec<ApiResult<WriteDone>> = jobs.iter().map(|j| apply(&mut bank, &j.op)).collect();
-    shared.metrics.write_round(results.iter().filter(|r| r.is_ok()).count());
-    let pending = match shared.policy {
-        SyncPolicy::None => Ok(None),
-        _ => bank.detach_sync(),
-    };
-    drop(bank);
-    let synced = match pending {
-        Ok(None) => Ok(()),
-        Ok(Some(pending)) => make_durable(shared, &pending),
-        Err(e) => Err(e.to_string()),
-    };
-    if let Err(e) = synced {
-        // Applied but not durable: the bank is poisoned and says so.
-        let error = ApiError::unavailable(format!("write not made durable: {e}"));
-        for r in results.iter_mut().filter(|r| r.is_ok()) {
-            *r = Err(error.clone());
-        }
-    }
-    if let Ok(bank) = shared.bank.read() {
-        shared.changes.send_replace(ChangeEvent {
-            node_count: bank.node_count(),
-            last_lsn: bank.durable_below_lsn().saturating_sub(1),
-        });
-    }
-    results
-}
-
-/// Runs a detached fsync with no lock held, then records it.
-fn make_durable(shared: &Shared, pending: &DetachedSync) -> Result<(), String> {
-    let outcome = pending.run();
-    shared.metrics.wal_sync();
-    let mut bank = shared
-        .bank
-        .write()
-        .map_err(|_| "the bank's lock was poisoned".to_string())?;
-    bank.finish_sync(pending, outcome).map_err(|e| e.to_string())
 }
 
 /// One write against the bank (no fsync: the round does that).

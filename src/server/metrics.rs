@@ -64,6 +64,10 @@ impl Metrics {
         self.wal_syncs.load(Ordering::Relaxed)
     }
 
+    pub fn write_round_count(&self) -> u64 {
+        self.write_rounds.load(Ordering::Relaxed)
+    }
+
     /// The exposition text; `stats` adds the bank's gauges.
     pub fn render(&self, stats: Option<&Stats>) -> String {
         let mut out = String::new();

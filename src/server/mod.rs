@@ -6,8 +6,10 @@
 
 #[cfg(feature = "agent")]
 mod agent;
+mod batcher;
 pub mod body;
 mod browse;
+mod commit;
 mod core;
 mod error;
 mod http;
@@ -15,6 +17,8 @@ pub mod mcp;
 mod metrics;
 pub mod openapi;
 mod routes;
+#[cfg(test)]
+mod tests;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

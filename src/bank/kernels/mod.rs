@@ -16,6 +16,8 @@ mod portable;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_tiled;
 
 use std::sync::OnceLock;
 
@@ -23,6 +25,13 @@ use std::sync::OnceLock;
 /// queries of dim 768 take 24 KB, inside L1, and their FMAs still cost
 /// less than streaming the row from memory.
 pub const MAX_BLOCK: usize = 8;
+
+/// The most f32 queries one pass scores together (`score_f32_batch`).
+/// With more than a few queries a pass is bound by the FMAs, not by
+/// memory, and the register-blocked kernel keeps the FMA units busy, so a
+/// pass may take everything a server has waiting: 64 queries of dim 768
+/// take 192 KB (in L2) and their score buffer of a chunk 64 KB.
+pub const MAX_BATCH: usize = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
@@ -119,10 +128,11 @@ impl Rows<'_> {
 }
 
 fn check_queries<T>(queries: &[&[T]], dim: usize, out_len: usize, rows: usize) {
-    assert!(
-        !queries.is_empty() && queries.len() <= MAX_BLOCK,
-        "1..={MAX_BLOCK} queries"
-    );
+    check_up_to(MAX_BLOCK, queries, dim, out_len, rows)
+}
+
+fn check_up_to<T>(max: usize, queries: &[&[T]], dim: usize, out_len: usize, rows: usize) {
+    assert!(!queries.is_empty() && queries.len() <= max, "1..={max} queries");
     assert!(
         queries.iter().all(|q| q.len() == dim),
         "every query has {dim} components"
@@ -151,6 +161,28 @@ pub fn score_f32_summed(
     sums: &mut [u32],
 ) {
     score_float::<true>(Format::F32, level, queries, dim, rows, out, sums);
+}
+
+/// `score_f32` for up to `MAX_BATCH` queries, register-blocked (several
+/// rows by several queries per inner loop): the same bits as `score_f32`
+/// at the same level, scored one query at a time.
+pub fn score_f32_batch(level: Level, queries: &[&[f32]], dim: usize, rows: Rows<'_>, out: &mut [f32]) {
+    check_up_to(MAX_BATCH, queries, dim, out.len(), rows.slots.len());
+    rows.check(dim * 4);
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx512 if Level::Avx512.is_supported() => {
+            // SAFETY: the CPU has the features (checked above); rows and
+            // queries were bounds-checked above.
+            unsafe { x86_tiled::score_f32_tiled_avx512(queries, dim, rows, out) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 if Level::Avx2.is_supported() => {
+            // SAFETY: as above.
+            unsafe { x86_tiled::score_f32_tiled_avx2(queries, dim, rows, out) }
+        }
+        _ => portable::score_f32(queries, dim, rows, out),
+    }
 }
 
 /// Scores f16 rows (`dim` LE binary16 each), accumulated in f32: the same

@@ -46,6 +46,18 @@ unsafe fn raw_tail_f32_512(v: *const u8, o: usize, n: usize) -> __m512i {
     unsafe { _mm512_maskz_loadu_epi32(lane_mask16(n), v.add(4 * o).cast()) }
 }
 
+/// The last `n` < 16 f32 components as floats, zero in the other lanes
+/// (the tiled batch kernel's tail: the same bits the summing kernels see).
+///
+/// # Safety
+/// As `raw_tail_f32_512`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(super) unsafe fn tail_f32_512(v: *const u8, o: usize, n: usize) -> __m512 {
+    // SAFETY: the caller's guarantee is raw_tail_f32_512's.
+    _mm512_castsi512_ps(unsafe { raw_tail_f32_512(v, o, n) })
+}
+
 /// The bytes of f16 components `o..o + 16` of row `v`.
 ///
 /// # Safety
@@ -115,6 +127,17 @@ unsafe fn raw_tail_f32_256(v: *const u8, o: usize, n: usize) -> __m256i {
     unsafe { _mm256_maskload_epi32(v.add(4 * o).cast(), lane_mask8(n)) }
 }
 
+/// The last `n` < 8 f32 components as floats, zero in the other lanes.
+///
+/// # Safety
+/// As `raw_tail_f32_256`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn tail_f32_256(v: *const u8, o: usize, n: usize) -> __m256 {
+    // SAFETY: the caller's guarantee is raw_tail_f32_256's.
+    _mm256_castsi256_ps(unsafe { raw_tail_f32_256(v, o, n) })
+}
+
 /// # Safety
 /// The CPU must support the function's target features, and `v` must be
 /// valid for reads of f16 components `o..o + n` of the row, `n` <= 8.
@@ -177,7 +200,7 @@ fn fold_sums_128(acc: [__m128i; 4]) -> u32 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hsum256(s: __m256) -> f32 {
+pub(super) fn hsum256(s: __m256) -> f32 {
     let quad = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
     let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
     _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps::<1>(pair, pair)))
@@ -192,7 +215,7 @@ fn hsum256(s: __m256) -> f32 {
 /// valid for reads of `n` f32 values, `n` < 16.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn qtail_512(p: *const f32, n: usize) -> __m512 {
+pub(super) unsafe fn qtail_512(p: *const f32, n: usize) -> __m512 {
     // SAFETY: only the n enabled lanes are read; the caller guarantees them.
     unsafe { _mm512_maskz_loadu_ps(lane_mask16(n), p) }
 }
@@ -202,7 +225,7 @@ unsafe fn qtail_512(p: *const f32, n: usize) -> __m512 {
 /// valid for reads of `n` f32 values, `n` < 8.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn qtail_256(p: *const f32, n: usize) -> __m256 {
+pub(super) unsafe fn qtail_256(p: *const f32, n: usize) -> __m256 {
     // SAFETY: only the n enabled lanes are read; the caller guarantees them.
     unsafe { _mm256_maskload_ps(p, lane_mask8(n)) }
 }

@@ -1,8 +1,10 @@
 //! The failure-penalised similarity scan, run in place over the mapped
 //! vector column and the overlay.
 //!
-//! One pass scores a block of up to `kernels::MAX_BLOCK` queries, so each
-//! row is loaded from memory once per block. Rows are taken a chunk at a
+//! One pass scores a block of queries (`Bank::pass_queries`: up to
+//! `kernels::MAX_BATCH` in an f32 bank, with the register-blocked kernel,
+//! else `kernels::MAX_BLOCK`), so each row is loaded from memory once per
+//! block. Rows are taken a chunk at a
 //! time: the tree and consolidation filters read the chunk's node-table
 //! rows into a list of passing slots and their penalties (no branch per
 //! row), a kernel scores the list, and a top-k pass admits the few scores
@@ -307,7 +309,7 @@ impl Bank {
     }
 
     /// `query` for many embeddings with the same options: each pass over
-    /// the column scores up to `kernels::MAX_BLOCK` of them, so a batch
+    /// the column scores a block of them (`pass_queries`), so a batch
     /// reads the column once per block instead of once per query. The
     /// answers equal one `query` per embedding.
     pub fn query_batch<E: AsRef<[f32]>>(
@@ -317,11 +319,21 @@ impl Bank {
         options: &QueryOptions,
     ) -> Result<Vec<Vec<Match>>, BankError> {
         let mut out = Vec::with_capacity(embeddings.len());
-        for block in embeddings.chunks(MAX_BLOCK) {
+        for block in embeddings.chunks(self.pass_queries()) {
             let refs: Vec<&[f32]> = block.iter().map(|e| e.as_ref()).collect();
             out.extend(self.query_block(tree_name, &refs, options)?);
         }
         Ok(out)
+    }
+
+    /// The most queries one pass scores: an f32 bank's exact scan runs the
+    /// register-blocked kernel (`kernels::MAX_BATCH`); the f16 and int8
+    /// kernels score `MAX_BLOCK` at a time.
+    pub fn pass_queries(&self) -> usize {
+        match self.base.precision {
+            Precision::F32 => kernels::MAX_BATCH,
+            Precision::F16 | Precision::Int8 => MAX_BLOCK,
+        }
     }
 
     fn query_block(
@@ -369,7 +381,7 @@ impl Bank {
             .expect("one answer per query"))
     }
 
-    /// The ranked candidates of one tree for each of up to `MAX_BLOCK`
+    /// The ranked candidates of one tree for each of up to `pass_queries`
     /// normalised queries, in one pass over the column.
     fn scan_block(
         &self,
@@ -439,7 +451,7 @@ impl Bank {
                 offset_bytes: 0,
                 slots: &slots,
             };
-            kernels::score_f32(p.level, queries, dim, rows, &mut scores);
+            kernels::score_f32_batch(p.level, queries, dim, rows, &mut scores);
             for (i, &slot) in slots.iter().enumerate() {
                 let row = &self.overlay.rows[slot as usize];
                 for (b, top) in tops.iter_mut().enumerate() {

@@ -1,0 +1,216 @@
+//! Register-blocked f32 kernels for passes that score many queries: a
+//! tile of R rows x Q queries per inner loop, so each loaded row chunk
+//! feeds Q FMAs and each loaded query chunk R FMAs (AVX-512: 2 x 3, five
+//! loads per six FMAs; the one-row kernels of `x86` load one query chunk
+//! per FMA, so with many queries they wait on loads, not on the FMA units).
+//!
+//! Each (row, query) pair keeps the single-query kernel's four
+//! accumulators, filled chunk by chunk in the same order and reduced the
+//! same way, so a score is bit for bit what `x86::score_f32_*` gives: a
+//! query's answer does not depend on the batch it was scored in.
+
+use std::arch::x86_64::*;
+
+use super::Rows;
+use super::x86::{hsum256, qtail_256, qtail_512, tail_f32_256, tail_f32_512};
+
+/// Generates the tile kernel and its row loop for one level.
+macro_rules! tiled {
+    ($tile:ident, $rows:ident, $feat:literal, $lanes:expr, $r:expr, $q:expr, $zero:ident, $fma:ident,
+     $load:ident, $qtail:ident, $tail:ident, $add:ident, $reduce:ident) => {
+        /// # Safety
+        /// CPU features as enabled; `dim` f32 components readable behind
+        /// every `q[b]` and every `v[r]`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn $tile<const R: usize, const Q: usize>(
+            q: [*const f32; Q],
+            v: [*const f32; R],
+            dim: usize,
+        ) -> [[f32; Q]; R] {
+            const L: usize = $lanes;
+            let mut acc = [[[$zero(); 4]; Q]; R];
+            let mut x = [$zero(); R];
+            let mut o = 0;
+            while o + 4 * L <= dim {
+                for j in 0..4 {
+                    for r in 0..R {
+                        // SAFETY: o + (j+1)L <= dim: inside every row.
+                        x[r] = unsafe { $load(v[r].add(o + j * L)) };
+                    }
+                    for b in 0..Q {
+                        // SAFETY: as above, inside every query.
+                        let qb = unsafe { $load(q[b].add(o + j * L)) };
+                        for r in 0..R {
+                            acc[r][b][j] = $fma(qb, x[r], acc[r][b][j]);
+                        }
+                    }
+                }
+                o += 4 * L;
+            }
+            // At most three whole chunks remain (accumulators 0, 1, 2 as
+            // in the single-query kernel), then a partial one (into 3).
+            for j in 0..3 {
+                if o + L <= dim {
+                    for r in 0..R {
+                        // SAFETY: o + L <= dim: inside every row.
+                        x[r] = unsafe { $load(v[r].add(o)) };
+                    }
+                    for b in 0..Q {
+                        // SAFETY: as above, inside every query.
+                        let qb = unsafe { $load(q[b].add(o)) };
+                        for r in 0..R {
+                            acc[r][b][j] = $fma(qb, x[r], acc[r][b][j]);
+                        }
+                    }
+                    o += L;
+                }
+            }
+            if o < dim {
+                for r in 0..R {
+                    // SAFETY: the tail loader reads only the dim - o
+                    // remaining components of the row.
+                    x[r] = unsafe { $tail(v[r].cast(), o, dim - o) };
+                }
+                for b in 0..Q {
+                    // SAFETY: as above, of the query.
+                    let qb = unsafe { $qtail(q[b].add(o), dim - o) };
+                    for r in 0..R {
+                        acc[r][b][3] = $fma(qb, x[r], acc[r][b][3]);
+                    }
+                }
+            }
+            let mut out = [[0.0f32; Q]; R];
+            for r in 0..R {
+                for b in 0..Q {
+                    let a = &acc[r][b];
+                    out[r][b] = $reduce($add($add(a[0], a[1]), $add(a[2], a[3])));
+                }
+            }
+            out
+        }
+
+        /// Scores rows `R` at a time against every query, `Q` at a time.
+        ///
+        /// # Safety
+        /// CPU features as enabled; `rows.check` and the query lengths
+        /// verified by the caller (`super::score_f32_batch`).
+        #[target_feature(enable = $feat)]
+        pub(super) unsafe fn $rows(queries: &[&[f32]], dim: usize, rows: Rows<'_>, out: &mut [f32]) {
+            let at = |i: usize| {
+                let slot = rows.slots[i] as usize;
+                rows.bytes
+                    .as_ptr()
+                    .wrapping_add(slot * rows.stride_bytes + rows.offset_bytes)
+                    .cast::<f32>()
+            };
+            const TILE_ROWS: usize = $r;
+            let n = rows.slots.len();
+            let mut i = 0;
+            while i + TILE_ROWS <= n {
+                // SAFETY: rows i..i+R are inside `bytes` (checked by the caller).
+                unsafe {
+                    row_tile::<$r>(
+                        queries,
+                        dim,
+                        std::array::from_fn(|r| at(i + r)),
+                        &mut out[i * queries.len()..],
+                    )
+                };
+                i += $r;
+            }
+            while i < n {
+                // SAFETY: as above.
+                unsafe { row_tile::<1>(queries, dim, [at(i)], &mut out[i * queries.len()..]) };
+                i += 1;
+            }
+
+            /// R rows against every query, Q at a time, then the rest.
+            ///
+            /// # Safety
+            /// As the enclosing function, for the rows `v`.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn row_tile<const R: usize>(queries: &[&[f32]], dim: usize, v: [*const f32; R], out: &mut [f32]) {
+                let nq = queries.len();
+                let mut put = |b: usize, s: &[[f32; $q]], width: usize| {
+                    for (r, row) in s.iter().enumerate() {
+                        out[r * nq + b..r * nq + b + width].copy_from_slice(&row[..width]);
+                    }
+                };
+                let mut b = 0;
+                while b + $q <= nq {
+                    let q = std::array::from_fn(|k| queries[b + k].as_ptr());
+                    // SAFETY: every query holds dim components (caller).
+                    put(b, &unsafe { $tile::<R, $q>(q, v, dim) }, $q);
+                    b += $q;
+                }
+                while b < nq {
+                    // SAFETY: as above.
+                    let s = unsafe { $tile::<R, 1>([queries[b].as_ptr()], v, dim) };
+                    let mut wide = [[0.0f32; $q]; R];
+                    for r in 0..R {
+                        wide[r][0] = s[r][0];
+                    }
+                    put(b, &wide, 1);
+                    b += 1;
+                }
+            }
+        }
+    };
+}
+
+/// 16 f32 lanes at `p`.
+///
+/// # Safety
+/// AVX-512F; 16 f32 readable at `p`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn ld512(p: *const f32) -> __m512 {
+    // SAFETY: the caller guarantees 16 readable f32.
+    unsafe { _mm512_loadu_ps(p) }
+}
+
+/// 8 f32 lanes at `p`.
+///
+/// # Safety
+/// AVX; 8 f32 readable at `p`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn ld256(p: *const f32) -> __m256 {
+    // SAFETY: the caller guarantees 8 readable f32.
+    unsafe { _mm256_loadu_ps(p) }
+}
+
+// AVX-512: 2 rows x 3 queries x 4 accumulators = 24 of the 32 registers.
+tiled!(
+    tile_512,
+    score_f32_tiled_avx512,
+    "avx512f,avx512bw",
+    16,
+    2,
+    3,
+    _mm512_setzero_ps,
+    _mm512_fmadd_ps,
+    ld512,
+    qtail_512,
+    tail_f32_512,
+    _mm512_add_ps,
+    _mm512_reduce_add_ps
+);
+// AVX2: 1 row x 3 queries x 4 accumulators = 12 of the 16 registers.
+tiled!(
+    tile_256,
+    score_f32_tiled_avx2,
+    "avx2,fma,f16c",
+    8,
+    1,
+    3,
+    _mm256_setzero_ps,
+    _mm256_fmadd_ps,
+    ld256,
+    qtail_256,
+    tail_f32_256,
+    _mm256_add_ps,
+    hsum256
+);
