@@ -374,3 +374,40 @@ fn big_loads_equal_transactions() {
         }
     }
 }
+
+/// Every byte the bulk paths write into data files (a load's checkpoint,
+/// compact, freeze) is handed to the storage's writeback hint, so dirty
+/// pages are flushed as they are written instead of piling up for the
+/// final fdatasync; the small atomic files (WAL, manifest) are not hinted.
+#[test]
+fn bulk_writes_start_writeback_of_every_data_byte() {
+    use deltamem::storage::{CountingStorage, IoCounts, MemStorage, data_file_generation};
+    use std::sync::Arc;
+
+    fn assert_hinted(counts: &IoCounts, what: &str) {
+        let data: Vec<_> = counts
+            .written_bytes
+            .iter()
+            .filter(|(name, _)| data_file_generation(name).is_some())
+            .collect();
+        assert!(data.len() >= 3, "{what} wrote rows, vectors and payloads: {data:?}");
+        for (name, written) in data {
+            assert_eq!(counts.writeback_bytes.get(name), Some(written), "{what}: {name}");
+        }
+        for name in counts.writeback_bytes.keys() {
+            assert!(data_file_generation(name).is_some(), "{what} hinted {name}");
+        }
+    }
+
+    let storage = Arc::new(CountingStorage::new(MemStorage::new()));
+    let mut bank = Bank::create(storage.clone(), config(Precision::F16)).unwrap();
+    storage.reset();
+    bank.load(&inserts(0..23)).unwrap();
+    assert_hinted(&storage.counts(), "load");
+    storage.reset();
+    bank.compact().unwrap();
+    assert_hinted(&storage.counts(), "compact");
+    let target = CountingStorage::new(MemStorage::new());
+    bank.freeze_into(&target).unwrap();
+    assert_hinted(&target.counts(), "freeze");
+}

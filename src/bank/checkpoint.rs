@@ -13,7 +13,7 @@ use crate::format::wal::WalHeader;
 use crate::storage::wal::WalWriter;
 use crate::storage::{
     MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, StorageError, StorageFile, payload_file, qvector_segment_file,
-    replace_atomically_reporting, table_segment_file, vector_segment_file,
+    replace_atomically_reporting, table_segment_file, vector_segment_file, write_bulk_at,
 };
 
 /// How far a failed checkpoint got, for callers whose changes are not in
@@ -133,8 +133,7 @@ impl Bank {
         for (k, record) in records.iter().enumerate() {
             chunk.extend_from_slice(record);
             if chunk.len() >= WRITE_CHUNK_BYTES || k + 1 == records.len() {
-                file.write_all_at(&chunk, at)
-                    .map_err(StorageError::io("write", desc.clone()))?;
+                write_bulk_at(file.as_ref(), &chunk, at).map_err(StorageError::io("write", desc.clone()))?;
                 at += chunk.len() as u64;
                 chunk.clear();
             }
@@ -215,9 +214,8 @@ impl<'a> SegmentWriter<'a> {
 
     fn write(&mut self, name: String, size_bytes: u64, bytes: &[u8], offset_bytes: u64) -> Result<(), BankError> {
         let desc = self.bank.storage.describe(&name);
-        self.file(name, size_bytes)?
-            .write_all_at(bytes, offset_bytes)
-            .map_err(StorageError::io("write", desc))?;
+        let file = self.file(name, size_bytes)?;
+        write_bulk_at(file.as_ref(), bytes, offset_bytes).map_err(StorageError::io("write", desc))?;
         Ok(())
     }
 

@@ -23,7 +23,7 @@ use crate::storage::wal::WalWriter;
 use crate::storage::{
     FileStorage, MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, Storage, StorageError, StorageFile, WAL_FILE,
     WAL_TMP_FILE, data_file_generation, payload_file, qvector_segment_file, replace_atomically, table_segment_file,
-    vector_segment_file,
+    vector_segment_file, write_bulk_at,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -415,8 +415,7 @@ fn write_segment(
     written: &mut Vec<(String, Arc<dyn StorageFile>)>,
 ) -> Result<(), BankError> {
     let file = create_file(target, name, size_bytes)?;
-    file.write_all_at(bytes, 0)
-        .map_err(StorageError::io("write", target.describe(name)))?;
+    write_bulk_at(file.as_ref(), bytes, 0).map_err(StorageError::io("write", target.describe(name)))?;
     written.push((name.to_string(), file));
     Ok(())
 }
@@ -441,8 +440,7 @@ fn flush(
     pending: &mut Vec<u8>,
     out: &mut Written,
 ) -> Result<(), BankError> {
-    file.write_all_at(pending, out.payload_end_bytes)
-        .map_err(StorageError::io("write", target.describe(name)))?;
+    write_bulk_at(file, pending, out.payload_end_bytes).map_err(StorageError::io("write", target.describe(name)))?;
     out.payload_end_bytes += pending.len() as u64;
     out.bytes_written += pending.len() as u64;
     pending.clear();

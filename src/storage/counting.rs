@@ -1,4 +1,5 @@
-//! A wrapper that counts the bytes read and the files mapped per file name,
+//! A wrapper that counts the bytes read and written, the writeback hints
+//! and the files mapped per file name,
 //! so tests can prove what an operation (such as open) touches.
 
 use std::collections::BTreeMap;
@@ -13,6 +14,10 @@ pub struct IoCounts {
     pub read_bytes: BTreeMap<String, u64>,
     /// Number of `map` calls, per file name.
     pub maps: BTreeMap<String, u64>,
+    /// Bytes passed to `write_all_at`, per file name.
+    pub written_bytes: BTreeMap<String, u64>,
+    /// Bytes covered by `start_writeback` hints, per file name.
+    pub writeback_bytes: BTreeMap<String, u64>,
 }
 
 pub struct CountingStorage<S> {
@@ -43,20 +48,30 @@ struct CountingFile {
     counts: Arc<Mutex<IoCounts>>,
 }
 
+impl CountingFile {
+    /// Adds `n` to this file's entry in the map `which` picks.
+    fn add(&self, which: impl FnOnce(&mut IoCounts) -> &mut BTreeMap<String, u64>, n: u64) {
+        *which(&mut self.counts.lock().unwrap())
+            .entry(self.name.clone())
+            .or_default() += n;
+    }
+}
+
 impl StorageFile for CountingFile {
     fn read_exact_at(&self, buf: &mut [u8], offset_bytes: u64) -> io::Result<()> {
         self.inner.read_exact_at(buf, offset_bytes)?;
-        *self
-            .counts
-            .lock()
-            .unwrap()
-            .read_bytes
-            .entry(self.name.clone())
-            .or_default() += buf.len() as u64;
+        self.add(|c| &mut c.read_bytes, buf.len() as u64);
         Ok(())
     }
     fn write_all_at(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
-        self.inner.write_all_at(buf, offset_bytes)
+        self.inner.write_all_at(buf, offset_bytes)?;
+        self.add(|c| &mut c.written_bytes, buf.len() as u64);
+        Ok(())
+    }
+    fn start_writeback(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+        self.inner.start_writeback(offset_bytes, len_bytes)?;
+        self.add(|c| &mut c.writeback_bytes, len_bytes);
+        Ok(())
     }
     fn len_bytes(&self) -> io::Result<u64> {
         self.inner.len_bytes()
@@ -68,7 +83,7 @@ impl StorageFile for CountingFile {
         self.inner.sync_data()
     }
     fn map(&self) -> io::Result<Mapping> {
-        *self.counts.lock().unwrap().maps.entry(self.name.clone()).or_default() += 1;
+        self.add(|c| &mut c.maps, 1);
         self.inner.map()
     }
 }

@@ -88,6 +88,10 @@ impl StorageFile for MemFile {
         Ok(())
     }
 
+    fn start_writeback(&self, _offset_bytes: u64, _len_bytes: u64) -> io::Result<()> {
+        Ok(())
+    }
+
     fn map(&self) -> io::Result<Mapping> {
         Ok(super::snapshot::snapshot(&self.bytes.lock().unwrap()))
     }

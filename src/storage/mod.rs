@@ -147,6 +147,14 @@ pub trait StorageFile: Send + Sync {
     fn set_len(&self, len_bytes: u64) -> io::Result<()>;
     /// Makes every completed write to this file durable (fdatasync).
     fn sync_data(&self) -> io::Result<()>;
+    /// Asks the OS to start writing `len_bytes` written at `offset_bytes`
+    /// back to the disk now, without waiting (Linux: `sync_file_range`
+    /// with `SYNC_FILE_RANGE_WRITE`). A hint with no durability meaning:
+    /// only `sync_data` makes anything durable. Bulk writers call it so
+    /// dirty pages never pile up to gigabytes for the final fdatasync (or
+    /// a memory-capped cgroup) to flush at once. An error is an I/O
+    /// failure like a failed write.
+    fn start_writeback(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()>;
     /// Maps the whole file as it is now, read only. The engine maps only
     /// fixed-size segments, so a mapping is never invalidated by growth.
     fn map(&self) -> io::Result<Mapping>;
@@ -168,6 +176,24 @@ pub trait Storage: Send + Sync {
     fn try_lock_writer(&self) -> Result<Box<dyn Send + Sync>, StorageError>;
     /// How to name `name` in messages (a path for real files).
     fn describe(&self, name: &str) -> String;
+}
+
+/// Bulk writes go out in pieces of this size, each followed by a
+/// writeback hint (RocksDB's `bytes_per_sync` idea).
+pub const BULK_WRITE_PIECE_BYTES: usize = 4 << 20;
+
+/// Writes `bytes` at `offset_bytes` for a bulk path (checkpoint segments
+/// and payloads, compact, freeze): in pieces of `BULK_WRITE_PIECE_BYTES`,
+/// each handed to [`StorageFile::start_writeback`] once written. The
+/// caller's later `sync_data` is still what makes the bytes durable.
+pub fn write_bulk_at(file: &dyn StorageFile, bytes: &[u8], offset_bytes: u64) -> io::Result<()> {
+    let mut at = offset_bytes;
+    for piece in bytes.chunks(BULK_WRITE_PIECE_BYTES) {
+        file.write_all_at(piece, at)?;
+        file.start_writeback(at, piece.len() as u64)?;
+        at += piece.len() as u64;
+    }
+    Ok(())
 }
 
 /// Reads a whole small file (manifest, WAL) through the storage layer.

@@ -348,6 +348,17 @@ impl StorageFile for SimFile {
         Ok(())
     }
 
+    /// Not an operation: the hint changes nothing about what is durable
+    /// (a crash image depends only on writes and syncs), so it neither
+    /// counts as a crash point nor fails. After a crash it fails like
+    /// every other call that touches the machine.
+    fn start_writeback(&self, _offset_bytes: u64, _len_bytes: u64) -> io::Result<()> {
+        match self.state.lock().unwrap().crashed {
+            true => Err(eio("writeback after the crash")),
+            false => Ok(()),
+        }
+    }
+
     fn map(&self) -> io::Result<Mapping> {
         Ok(super::snapshot::snapshot(
             &self.state.lock().unwrap().inodes[self.inode].volatile,
