@@ -159,7 +159,8 @@ fn a_wide_f32_pass_checks_vectors_on_first_read() {
 #[test]
 fn a_wrong_lane_sum_under_a_valid_crc_fails_the_scan_and_verify_names_it() {
     for precision in [Precision::F32, Precision::F16, Precision::Int8] {
-        let sums: [(&str, fn(&mut Row)); 2] = [
+        type Forge = fn(&mut Row);
+        let sums: [(&str, Forge); 2] = [
             ("vector_sum32", |r| r.vector_sum32 ^= 1 << 20),
             ("qvector_sum32", |r| r.qvector_sum32 ^= 1),
         ];

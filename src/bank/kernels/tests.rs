@@ -442,11 +442,14 @@ fn float_kernel_lane_sums_equal_the_portable_definition() {
                     let refs: Vec<&[f32]> = queries.iter().map(|q| q.as_slice()).collect();
                     let (mut plain, mut summed) = (vec![0.0f32; 6 * nq], vec![0.0f32; 6 * nq]);
                     let mut sums = vec![0u32; 6];
-                    let (score, score_summed): (fn(_, _, _, _, &mut [f32]), fn(_, _, _, _, &mut [f32], &mut [u32])) =
-                        match format {
-                            Format::F32 => (score_f32, score_f32_summed),
-                            Format::F16 => (score_f16, score_f16_summed),
-                        };
+                    #[allow(clippy::type_complexity)] // two kernel signatures, named once here
+                    let (score, score_summed): (
+                        fn(_, _, _, _, &mut [f32]),
+                        fn(_, _, _, _, &mut [f32], &mut [u32]),
+                    ) = match format {
+                        Format::F32 => (score_f32, score_f32_summed),
+                        Format::F16 => (score_f16, score_f16_summed),
+                    };
                     score(level, &refs, n, rows, &mut plain);
                     score_summed(level, &refs, n, rows, &mut summed, &mut sums);
                     assert_eq!(

@@ -241,6 +241,9 @@ macro_rules! float_dot {
         /// # Safety
         /// CPU features as enabled; `dim` components readable behind every
         /// `q[b]` (f32) and behind `v` (the row format).
+        // K (lane-sum accumulators) is 1 for some levels: `j % K` is then 0
+        // by design, not a mistake.
+        #[allow(clippy::modulo_one)]
         #[target_feature(enable = $feat)]
         unsafe fn $name<const B: usize, const C: bool>(
             q: [*const f32; B],
@@ -542,6 +545,8 @@ macro_rules! vnni_dot {
         /// # Safety
         /// CPU features as enabled; `dim` codes behind every `q[b]` and `r`,
         /// `dim` a multiple of 64.
+        // K is 1 for some paths: `j % K` is then 0 by design.
+        #[allow(clippy::modulo_one)]
         #[target_feature(enable = $feat)]
         unsafe fn $name<const B: usize, const C: bool>(q: [*const i8; B], r: *const u8, dim: usize) -> ([i32; B], u32) {
             const L: usize = $lanes;

@@ -29,7 +29,7 @@ fn scan_rows(base: &Base, p: &ScanParams, queries: &[&[f32]], rows: Range<u32>) 
     let mut tops: Vec<TopK> = (0..nq).map(|_| TopK::new(p.fetch)).collect();
     let mut selected = Selected::new();
     let mut scores = vec![0.0f32; CHUNK_ROWS * nq];
-    let mut first_scores = vec![0.0f32; PREFETCH_STEP_ROWS];
+    let mut first_scores = [0.0f32; PREFETCH_STEP_ROWS];
     for_each_chunk(base, rows, |maps, first, range| {
         let (table, vectors): (&[u8], &[u8]) = (&maps.table, &maps.vectors);
         selected.choose(maps, range.clone(), p);
