@@ -9,6 +9,7 @@
 //!   recomputes it and requires byte equality.
 
 use super::Codes;
+use half::slice::HalfFloatSliceExt;
 
 /// binary16 unit roundoff: rounding a normal value to f16 changes it by at
 /// most this fraction of its magnitude.
@@ -87,11 +88,22 @@ fn encode_int8_row_any(v: &[f32], out: &mut [u8]) {
     out[4 + v.len()..].fill(0);
 }
 
+/// Components converted per step by the f16 helpers: half's slice
+/// conversions use the CPU's F16C instructions (chosen at run time), eight
+/// lanes at a time, where one-by-one conversion is scalar; a stack buffer
+/// of this size holds a step.
+const F16_CHUNK: usize = 64;
+
 /// The f16 bytes (LE binary16, round to nearest even) of an f32 vector.
 pub fn encode_f16(v: &[f32], out: &mut [u8]) {
     assert!(out.len() >= 2 * v.len(), "f16 row buffer too short");
-    for (o, &x) in out.chunks_exact_mut(2).zip(v) {
-        o.copy_from_slice(&half::f16::from_f32(x).to_bits().to_le_bytes());
+    let mut halves = [half::f16::ZERO; F16_CHUNK];
+    for (src, dst) in v.chunks(F16_CHUNK).zip(out.chunks_mut(2 * F16_CHUNK)) {
+        let halves = &mut halves[..src.len()];
+        halves.convert_from_f32_slice(src);
+        for (o, h) in dst.chunks_exact_mut(2).zip(halves.iter()) {
+            o.copy_from_slice(&h.to_bits().to_le_bytes());
+        }
     }
 }
 
@@ -106,15 +118,23 @@ pub fn decode_f16(bytes: &[u8]) -> Vec<f32> {
 /// Rounds each component to the nearest f16, kept as f32: what an f16
 /// bank stores, so the overlay (WAL) and the column score alike.
 pub fn round_to_f16(v: &mut [f32]) {
-    for x in v {
-        *x = half::f16::from_f32(*x).to_f32();
+    let mut halves = [half::f16::ZERO; F16_CHUNK];
+    for chunk in v.chunks_mut(F16_CHUNK) {
+        let halves = &mut halves[..chunk.len()];
+        halves.convert_from_f32_slice(chunk);
+        halves.convert_to_f32_slice(chunk);
     }
 }
 
 /// Whether every component is exactly representable in binary16.
 pub fn is_f16_exact(v: &[f32]) -> bool {
-    v.iter()
-        .all(|&x| half::f16::from_f32(x).to_f32().to_bits() == x.to_bits())
+    let (mut halves, mut back) = ([half::f16::ZERO; F16_CHUNK], [0.0f32; F16_CHUNK]);
+    v.chunks(F16_CHUNK).all(|chunk| {
+        let (halves, back) = (&mut halves[..chunk.len()], &mut back[..chunk.len()]);
+        halves.convert_from_f32_slice(chunk);
+        halves.convert_to_f32_slice(back);
+        back.iter().zip(chunk).all(|(b, x)| b.to_bits() == x.to_bits())
+    })
 }
 
 /// `gamma_n = n u / (1 - n u)`: the relative error bound of any order of

@@ -503,3 +503,35 @@ fn int8_kernel_lane_sums_equal_the_portable_definition() {
         }
     }
 }
+
+/// The f16 helpers convert whole slices with half's (F16C) conversions:
+/// every value must round exactly as the one-at-a-time scalar conversion
+/// did, ties, subnormals, the largest finite and lengths off the chunk
+/// size included.
+#[test]
+fn f16_slice_conversions_round_like_the_scalar_one() {
+    use super::quant::is_f16_exact;
+    let scalar = |x: f32| half::f16::from_f32(x);
+    let mut rng = Rng(29);
+    let mut values: Vec<f32> = vec![
+        0.0, -0.0, 1.0, 65504.0, 65519.0, -65504.0, 6.0e-8, -3.0e-8, 5.9604645e-8, 1.0 + 1.0 / 2048.0,
+        1.0 + 3.0 / 2048.0, 0.33333334, 1.0e-5, -2.5e-6,
+    ];
+    values.extend((0..1000).map(|_| signed(&mut rng) * 0.2));
+    values.extend((0..300).map(|i| f32::from_bits(0x3380_0000 + i * 4099)));
+    for len in [0, 1, 7, 8, 63, 64, 65, 130, values.len()] {
+        let v = &values[..len];
+        let mut bytes = vec![0u8; 2 * len];
+        encode_f16(v, &mut bytes);
+        let expected: Vec<u8> = v.iter().flat_map(|&x| scalar(x).to_bits().to_le_bytes()).collect();
+        assert_eq!(bytes, expected, "encode_f16, len {len}");
+        let mut rounded = v.to_vec();
+        round_to_f16(&mut rounded);
+        for (r, &x) in rounded.iter().zip(v) {
+            assert_eq!(r.to_bits(), scalar(x).to_f32().to_bits(), "round_to_f16 of {x:e}");
+        }
+        let exact = v.iter().all(|&x| scalar(x).to_f32().to_bits() == x.to_bits());
+        assert_eq!(is_f16_exact(v), exact, "is_f16_exact, len {len}");
+        assert!(is_f16_exact(&rounded), "a rounded vector is exact");
+    }
+}
