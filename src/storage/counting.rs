@@ -82,25 +82,5 @@ impl<S: Storage> Storage for CountingStorage<S> {
             counts: self.counts.clone(),
         }))
     }
-    fn exists(&self, name: &str) -> io::Result<bool> {
-        self.inner.exists(name)
-    }
-    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
-        self.inner.rename(from, to)
-    }
-    fn remove(&self, name: &str) -> io::Result<()> {
-        self.inner.remove(name)
-    }
-    fn list(&self) -> io::Result<Vec<String>> {
-        self.inner.list()
-    }
-    fn sync_dir(&self) -> io::Result<()> {
-        self.inner.sync_dir()
-    }
-    fn try_lock_writer(&self) -> Result<Box<dyn Send + Sync>, StorageError> {
-        self.inner.try_lock_writer()
-    }
-    fn describe(&self, name: &str) -> String {
-        self.inner.describe(name)
-    }
+    super::forward_directory_ops!();
 }
