@@ -58,15 +58,7 @@ impl StorageFile for CountingFile {
     fn write_all_at(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
         self.inner.write_all_at(buf, offset_bytes)
     }
-    fn len_bytes(&self) -> io::Result<u64> {
-        self.inner.len_bytes()
-    }
-    fn set_len(&self, len_bytes: u64) -> io::Result<()> {
-        self.inner.set_len(len_bytes)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.inner.sync_data()
-    }
+    super::forward_size_ops!();
     fn map(&self) -> io::Result<Mapping> {
         *self.counts.lock().unwrap().maps.entry(self.name.clone()).or_default() += 1;
         self.inner.map()

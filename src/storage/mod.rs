@@ -201,6 +201,23 @@ macro_rules! forward_directory_ops {
 }
 use forward_directory_ops;
 
+/// The `StorageFile` methods a wrapper that watches reads, writes or maps
+/// passes to its `inner` file unchanged.
+macro_rules! forward_size_ops {
+    () => {
+        fn len_bytes(&self) -> std::io::Result<u64> {
+            self.inner.len_bytes()
+        }
+        fn set_len(&self, len_bytes: u64) -> std::io::Result<()> {
+            self.inner.set_len(len_bytes)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            self.inner.sync_data()
+        }
+    };
+}
+use forward_size_ops;
+
 /// Reads a whole small file (manifest, WAL) through the storage layer.
 pub fn read_all(storage: &dyn Storage, name: &str) -> Result<Vec<u8>, StorageError> {
     let file = storage
