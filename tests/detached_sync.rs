@@ -2,27 +2,19 @@
 //! lock makes exactly the writes before it durable, and a failed one
 //! poisons the bank like a failed `sync`.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::sync::Arc;
 
+use common::crashkit::root_node;
 use deltamem::storage::{FaultKind, FaultPlan, Loss, SimStorage};
-use deltamem::{Attach, Bank, BankConfig, Label, NewNode, OpenOptions, Payload, SyncPolicy};
+use deltamem::{Bank, BankConfig, NewNode, OpenOptions, SyncPolicy};
 
 fn node(i: usize) -> NewNode {
     let mut embedding = vec![0.0; 4];
     embedding[i % 4] = 1.0;
     embedding[(i + 1) % 4] = i as f32;
-    NewNode {
-        tree: "task".into(),
-        attach: Attach::Root,
-        label: Label::Success,
-        payload: Payload {
-            scenario: format!("scenario {i}"),
-            fields: BTreeMap::new(),
-        },
-        embedding,
-        external_id: None,
-    }
+    root_node(i, embedding)
 }
 
 fn count_after_power_loss(storage: &SimStorage) -> u32 {

@@ -5,13 +5,15 @@
 //! precision's scan catches a flipped bit, and format-1 banks (no lane
 //! sums) are still read, written and upgraded by `compact`.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::sync::Arc;
 
+use common::crashkit::root_node;
 use deltamem::format::manifest::{Manifest, Precision};
 use deltamem::format::row::{ROW_SIZE_BYTES, Row};
 use deltamem::storage::MemStorage;
-use deltamem::{Attach, Bank, BankConfig, Label, NewNode, OpenOptions, Payload, QueryOptions};
+use deltamem::{Bank, BankConfig, OpenOptions, QueryOptions};
 
 /// 40 components: f32 rows of 40 words and f16 rows of 20 words, so each
 /// has two words 16 apart (the same lane); not a multiple of 16.
@@ -31,18 +33,7 @@ fn build(precision: Precision) -> MemStorage {
     config.precision = precision;
     let mut bank = Bank::create(Arc::new(storage.clone()), config).unwrap();
     for i in 0..ROWS as usize {
-        bank.insert(NewNode {
-            tree: "task".into(),
-            attach: Attach::Root,
-            label: Label::Success,
-            payload: Payload {
-                scenario: format!("scenario {i}"),
-                fields: BTreeMap::new(),
-            },
-            embedding: embedding(i),
-            external_id: None,
-        })
-        .unwrap();
+        bank.insert(root_node(i, embedding(i))).unwrap();
     }
     bank.close().unwrap();
     storage

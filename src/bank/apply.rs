@@ -114,7 +114,7 @@ impl Bank {
     pub(crate) fn check_writable(&self) -> Result<(), BankError> {
         match &self.writer {
             None => Err(BankError::ReadOnly("opened read-only".into())),
-            Some(w) => match &w.poisoned {
+            Some(w) => match w.poison_reason() {
                 Some(reason) => Err(BankError::Poisoned(reason.clone())),
                 None => Ok(()),
             },
@@ -252,18 +252,35 @@ impl Bank {
     /// reported as made. Reporting it as failed made callers retry a
     /// change that was already durable (a hit counted twice).
     fn maybe_checkpoint(&mut self) -> Result<(), BankError> {
-        let w = self.writer.as_ref().expect("writer");
-        if w.wal.size_bytes() < w.checkpoint_wal_bytes {
+        if self.writer.as_ref().is_none_or(|w| w.checkpoints_deferred) || !self.checkpoint_is_due() {
             return Ok(());
         }
         self.sync()?;
         if let Err(e) = self.checkpoint() {
+            assert!(self.check_writable().is_err(), "a failed checkpoint poisons the bank");
             let w = self.writer.as_mut().expect("writer");
-            assert!(w.poisoned.is_some(), "a failed checkpoint poisons the bank");
             assert!(!w.wal.has_unsynced(), "the commit was durable before the checkpoint");
             w.checkpoint_failure = Some(e.to_string());
         }
         Ok(())
+    }
+
+    /// Whether the WAL has outgrown the checkpoint threshold
+    /// (`OpenOptions::checkpoint_wal_bytes`).
+    pub fn checkpoint_is_due(&self) -> bool {
+        self.writer
+            .as_ref()
+            .is_some_and(|w| w.wal.size_bytes() >= w.checkpoint_wal_bytes)
+    }
+
+    /// Commits stop checkpointing by themselves once the WAL outgrows its
+    /// threshold; the caller checkpoints when `checkpoint_is_due`. A server
+    /// does, so that the long half (`prepare_checkpoint`) runs under its
+    /// shared lock instead of inside a write.
+    pub fn defer_checkpoints(&mut self) {
+        if let Some(w) = self.writer.as_mut() {
+            w.checkpoints_deferred = true;
+        }
     }
 
     /// Why the checkpoint that ran after a commit failed, if one did. The

@@ -29,6 +29,21 @@ pub(crate) enum Published {
     Yes,
 }
 
+/// What `Bank::prepare_checkpoint` wrote: the new nodes' payload records,
+/// vectors and rows, past the checkpoint's bounds (no reader looks there:
+/// readers take those nodes from the overlay) and fsynced. The state it
+/// was taken from, so `publish_checkpoint` can tell whether it still holds.
+#[derive(Debug)]
+#[must_use = "pass it to Bank::publish_checkpoint: a failed prepare must poison the bank"]
+pub struct PreparedCheckpoint {
+    sequence: u64,
+    last_lsn: u64,
+    node_count: u32,
+    payload_end_bytes: u64,
+    /// New segment files were created: the directory needs an fsync.
+    created: bool,
+}
+
 impl Bank {
     /// Makes everything committed durable in the data files and empties the
     /// WAL. Any failure poisons the bank (the old checkpoint stays valid).
@@ -39,25 +54,98 @@ impl Bank {
     /// As `checkpoint`; a failure also says whether the new manifest was
     /// published.
     pub(crate) fn checkpoint_reporting(&mut self) -> Result<(), (BankError, Published)> {
-        self.check_writable().map_err(|e| (e, Published::No))?;
+        let prepared = self.prepare_checkpoint();
+        self.publish_reporting(prepared)
+    }
+
+    /// The long half of a checkpoint, on a shared borrow so queries can run
+    /// beside it (a server holds only its read lock): writes and fsyncs the
+    /// new nodes' payload records, vectors and rows past the checkpoint's
+    /// bounds (FORMAT.md §7 steps 1-3 for new nodes). Nothing on disk refers
+    /// to these bytes until `publish_checkpoint` writes the manifest, and no
+    /// reader of this handle reads them before that either.
+    /// A failure poisons the bank at once.
+    pub fn prepare_checkpoint(&self) -> Result<PreparedCheckpoint, BankError> {
+        self.check_writable()?;
+        self.write_new_nodes().inspect_err(|e| {
+            let writer = self.writer.as_ref().expect("checked writable");
+            let _ = writer.poisoned_shared.set(format!("checkpoint failed: {e}"));
+        })
+    }
+
+    /// Writes the new nodes' payload records, vectors and rows at their
+    /// final places and fsyncs those files. New nodes have consecutive
+    /// indexes, so each file gets a few large writes, not one per node (a
+    /// bulk load writes 10^5 nodes per checkpoint).
+    fn write_new_nodes(&self) -> Result<PreparedCheckpoint, BankError> {
+        let ov = &self.overlay;
+        let mut created = false;
+        if !ov.rows.is_empty() {
+            self.write_payloads()?;
+            let mut segments = SegmentWriter::new(self);
+            segments.put_rows(ov.base_count, &ov.rows)?;
+            segments.put_vectors(ov.base_count, &ov.vectors)?;
+            created = segments.sync_all()?;
+        }
+        Ok(PreparedCheckpoint {
+            sequence: self.manifest.sequence,
+            last_lsn: self.last_lsn(),
+            node_count: ov.total_count(),
+            payload_end_bytes: ov.payload_end_bytes,
+            created,
+        })
+    }
+
+    /// The short half of a checkpoint, on the exclusive borrow: syncs the
+    /// WAL, rewrites changed checkpointed rows in place (readers read those
+    /// through the mapping), publishes the manifest, starts the new WAL and
+    /// swaps in the new base. If the bank changed since `prepared` was
+    /// taken, the new nodes are written again whole (today's checkpoint).
+    /// A failed prepare is passed in so that it poisons the bank.
+    pub fn publish_checkpoint(&mut self, prepared: Result<PreparedCheckpoint, BankError>) -> Result<(), BankError> {
+        self.publish_reporting(prepared).map_err(|(e, _)| e)
+    }
+
+    fn publish_reporting(
+        &mut self,
+        prepared: Result<PreparedCheckpoint, BankError>,
+    ) -> Result<(), (BankError, Published)> {
+        if let Err(e) = self.check_writable() {
+            // Poisoned before, or by the failed prepare: its own error.
+            return Err((prepared.err().unwrap_or(e), Published::No));
+        }
+        let prepared = prepared.map_err(|e| (e, Published::No))?;
         if self.overlay.is_empty() {
             return self.sync().map_err(|e| (e, Published::No));
         }
-        self.write_checkpoint().inspect_err(|(e, _)| {
+        self.write_checkpoint(prepared).inspect_err(|(e, _)| {
             if let Some(w) = self.writer.as_mut() {
                 w.poisoned = Some(format!("checkpoint failed: {e}"));
             }
         })
     }
 
-    fn write_checkpoint(&mut self) -> Result<(), (BankError, Published)> {
+    /// Whether `prepared` describes the bank as it is now (no write, load
+    /// or checkpoint came between).
+    fn still_holds(&self, prepared: &PreparedCheckpoint) -> bool {
+        prepared.sequence == self.manifest.sequence
+            && prepared.last_lsn == self.last_lsn()
+            && prepared.node_count == self.overlay.total_count()
+            && prepared.payload_end_bytes == self.overlay.payload_end_bytes
+    }
+
+    fn write_checkpoint(&mut self, prepared: PreparedCheckpoint) -> Result<(), (BankError, Published)> {
         let before = |e: BankError| (e, Published::No);
-        // WAL before data: rewriting a checkpointed row in place destroys
-        // its old image, so the record holding the new one must be durable
-        // first (under `batch`/`none` it may not be yet).
+        // WAL before rewriting rows in place: that destroys their old
+        // images, so the record holding the new one must be durable first
+        // (under `batch`/`none` it may not be yet).
         self.sync().map_err(before)?;
         let storage = self.storage.clone();
-        let created = self.write_data_files().map_err(before)?;
+        let mut created = prepared.created;
+        if !self.still_holds(&prepared) {
+            created |= self.write_new_nodes().map_err(before)?.created;
+        }
+        created |= self.write_patched_rows().map_err(before)?;
         if created {
             storage
                 .sync_dir()
@@ -101,20 +189,14 @@ impl Bank {
         Ok(())
     }
 
-    /// Writes the overlay's payloads, vectors and rows at their final
-    /// places and fsyncs every touched file. Returns whether files were
-    /// created (the directory then needs an fsync too). New nodes have
-    /// consecutive indexes, so each file gets a few large writes, not one
-    /// per node (a bulk load writes 10^5 nodes per checkpoint).
-    fn write_data_files(&self) -> Result<bool, BankError> {
-        self.write_payloads()?;
-        let ov = &self.overlay;
+    /// Rewrites the new images of checkpointed rows in place and fsyncs
+    /// their segments; returns whether files were created (never, in
+    /// practice: these rows' segments exist).
+    fn write_patched_rows(&self) -> Result<bool, BankError> {
         let mut segments = SegmentWriter::new(self);
-        segments.put_rows(ov.base_count, &ov.rows)?;
-        for row in ov.patched.values() {
+        for row in self.overlay.patched.values() {
             segments.put_rows(row.index, std::slice::from_ref(row))?;
         }
-        segments.put_vectors(ov.base_count, &ov.vectors)?;
         segments.sync_all()
     }
 

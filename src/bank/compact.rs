@@ -94,7 +94,7 @@ impl Bank {
     pub fn freeze_into(&self, target: &dyn Storage) -> Result<FreezeReport, BankError> {
         // A poisoned writer may show changes whose fsync failed; a copy
         // must not make durable what the bank itself may have lost.
-        if let Some(reason) = self.writer.as_ref().and_then(|w| w.poisoned.clone()) {
+        if let Some(reason) = self.writer.as_ref().and_then(|w| w.poison_reason().cloned()) {
             return Err(BankError::Poisoned(reason));
         }
         let present = target.list().map_err(StorageError::io("list", target.describe("")))?;

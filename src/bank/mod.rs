@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+pub use checkpoint::PreparedCheckpoint;
 pub use compact::{CompactReport, FREEZING_MARK_FILE, FreezeReport};
 pub use error::BankError;
 pub use mutate::{Attach, Change, ChangeAck, ConsolidateAck, HitAck, ImportedState, InsertAck, NewNode, PendingIds};
@@ -106,10 +107,15 @@ struct Writer {
     policy: SyncPolicy,
     /// Set after any failed write or fsync: the on-disk state is unknown.
     poisoned: Option<String>,
+    /// Set instead of `poisoned` by a failure under a shared borrow (in
+    /// `prepare_checkpoint`), with the same effect.
+    poisoned_shared: std::sync::OnceLock<String>,
     /// A checkpoint run after a durable commit failed (the commit stands).
     checkpoint_failure: Option<String>,
     last_sync: Instant,
     checkpoint_wal_bytes: u64,
+    /// Commits leave the checkpoint to the caller (`defer_checkpoints`).
+    checkpoints_deferred: bool,
     /// The body buffer of the last transaction, kept for the next one
     /// (up to `KEPT_TXN_BODY_BYTES`): a bulk insert's transactions of a
     /// few MB each then reuse its pages instead of faulting fresh ones.

@@ -97,15 +97,22 @@ impl Default for OpenOptions {
 }
 
 impl Writer {
+    /// Why the bank refuses writes, if it does.
+    pub(super) fn poison_reason(&self) -> Option<&String> {
+        self.poisoned.as_ref().or(self.poisoned_shared.get())
+    }
+
     fn new(lock: Box<dyn Send + Sync>, wal: WalWriter, policy: SyncPolicy, checkpoint_wal_bytes: u64) -> Writer {
         Writer {
             _lock: lock,
             wal,
             policy,
             poisoned: None,
+            poisoned_shared: Default::default(),
             checkpoint_failure: None,
             last_sync: Instant::now(),
             checkpoint_wal_bytes,
+            checkpoints_deferred: false,
             txn_body: Vec::new(),
         }
     }

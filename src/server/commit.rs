@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 
 use super::core::{Shared, WriteDone, WriteJob, apply, poisoned_lock};
 use super::error::{ApiError, ApiResult};
-use crate::bank::SyncPolicy;
+use crate::bank::{BankError, SyncPolicy};
 use crate::storage::wal::DetachedSync;
 
 /// Most writes applied in one round.
@@ -47,6 +47,11 @@ pub(super) fn writer_loop(shared: &Shared, rx: &Receiver<WriteJob>) {
                 }
             }
             apply_round(shared, jobs);
+            if shared.bank.read().is_ok_and(|b| b.checkpoint_is_due()) {
+                // A failure poisons the bank: later writes are refused
+                // with the reason, and a restart recovers from the WAL.
+                let _ = checkpoint_beside_queries(shared);
+            }
         }
         let mut held = shared.unsynced.held.lock().unwrap_or_else(|p| p.into_inner());
         held.1 = true;
@@ -77,6 +82,29 @@ fn apply_round(shared: &Shared, jobs: Vec<WriteJob>) {
     if shared.policy == SyncPolicy::None {
         announce(shared);
     }
+}
+
+/// A checkpoint that queries do not wait for, run by the writer thread
+/// between rounds (and at shutdown, once it has stopped). The writes held
+/// for an fsync are made durable and answered first (the detached fsync
+/// runs with no lock held), so a checkpoint failure cannot turn a durable
+/// write's answer into an error. Then the long half, writing the new nodes'
+/// data, runs under the shared lock while queries go on, and only the
+/// publishing (rows rewritten in place, manifest, new WAL, new base) under
+/// the exclusive lock. No write can come between the two: this thread is
+/// the only one that applies writes (were one to, `publish_checkpoint`
+/// would write the new nodes again itself).
+pub(super) fn checkpoint_beside_queries(shared: &Shared) -> Result<(), BankError> {
+    let poisoned = || BankError::Poisoned("the bank's lock was poisoned by a panic".into());
+    answer_held(shared);
+    let prepared = shared.bank.read().map_err(|_| poisoned())?.prepare_checkpoint();
+    let published = shared
+        .bank
+        .write()
+        .map_err(|_| poisoned())?
+        .publish_checkpoint(prepared);
+    announce(shared);
+    published
 }
 
 /// The syncer thread: whenever writes are held and the policy asks for an

@@ -21,7 +21,7 @@ use tokio::sync::{oneshot, watch};
 
 use super::batcher::{Batcher, Next, QueryJob};
 use super::body::{ConsolidateReply, HitReply, InsertReply, QueryReply};
-use super::commit::{Unsynced, writer_loop};
+use super::commit::{Unsynced, checkpoint_beside_queries, writer_loop};
 use super::error::{ApiError, ApiResult};
 use super::metrics::Metrics;
 use crate::bank::{Bank, BankError, NewNode, NodeRef, OpenOptions, QueryOptions, SyncPolicy};
@@ -90,8 +90,17 @@ impl Core {
             sync: SyncPolicy::None,
             ..OpenOptions::default()
         };
-        let mut bank = Bank::open_dir(path, options)?;
+        let bank = Bank::open_dir(path, options)?;
+        Core::serve(bank, policy, threads)
+    }
+
+    /// Serves an open bank (a writer opened with `SyncPolicy::None`, or a
+    /// reader): starts the writer thread, which from then on also runs the
+    /// bank's checkpoints (`commit::checkpoint_beside_queries`).
+    pub fn serve(mut bank: Bank, policy: SyncPolicy, threads: usize) -> Result<Arc<Core>, BankError> {
+        let read_only = bank.sync_policy().is_none();
         bank.set_query_threads(threads);
+        bank.defer_checkpoints();
         let (changes, _) = watch::channel(ChangeEvent {
             node_count: bank.node_count(),
             last_lsn: bank.durable_below_lsn().saturating_sub(1),
@@ -278,12 +287,13 @@ impl Core {
         if self.read_only {
             return Ok(());
         }
-        let mut bank = self
-            .shared
-            .bank
-            .write()
-            .map_err(|_| BankError::Poisoned("a writer panicked".into()))?;
-        bank.checkpoint()
+        checkpoint_beside_queries(&self.shared)
+    }
+
+    /// The bank's lock, for tests that check who holds it.
+    #[cfg(test)]
+    pub(super) fn lock(&self) -> &RwLock<Bank> {
+        &self.shared.bank
     }
 }
 

@@ -80,3 +80,73 @@ fn always_policy_syncs_every_round() {
     }
     core.shutdown().unwrap();
 }
+
+/// Readers never wait for a checkpoint (issue 13): the writer thread's
+/// automatic checkpoint is stopped at its vector-segment write (a gated
+/// storage, no timing), and while it is stopped the bank's lock must be
+/// free for readers and a query through the server must answer, seeing
+/// every acknowledged node. Then the checkpoint completes: the WAL is
+/// empty and a reopen holds every node. (With the checkpoint inside the
+/// writer's exclusive section, `try_read` fails here.)
+#[test]
+fn queries_run_while_the_automatic_checkpoint_writes() {
+    use crate::bank::{OpenOptions, QueryOptions};
+    use crate::storage::{GatedStorage, SimStorage};
+    use std::sync::Arc;
+    let sim = SimStorage::new();
+    Bank::create(Arc::new(sim.clone()), BankConfig::new(4))
+        .unwrap()
+        .close()
+        .unwrap();
+    let gated = GatedStorage::new(sim.clone(), "vectors-");
+    let gate = gated.control();
+    let options = OpenOptions {
+        sync: SyncPolicy::None,
+        checkpoint_wal_bytes: 4096,
+        ..OpenOptions::default()
+    };
+    let bank = Bank::open(Arc::new(gated), options.clone()).unwrap();
+    let core = Core::serve(bank, SyncPolicy::Always, 1).unwrap();
+    gate.arm();
+    // Each insert's record is ~200 bytes: the WAL passes 4 KiB within 40.
+    // The write that passes it is answered before its checkpoint begins.
+    let mut acked = 0;
+    loop {
+        assert!(
+            acked < 200,
+            "no checkpoint seen in progress after {acked} inserts (a reader could not look while one ran)"
+        );
+        core.write_blocking(WriteOp::Insert(node(acked))).unwrap();
+        acked += 1;
+        if core.lock().read().unwrap().checkpoint_is_due() {
+            break;
+        }
+    }
+    assert!(
+        gate.wait_held(Duration::from_secs(20)),
+        "the checkpoint never wrote vectors"
+    );
+    let before = core.lock().read().unwrap().stats().unwrap();
+    assert_eq!(before.checkpointed_nodes, 0);
+    let guard = core.lock().try_read().expect("a reader waits for the checkpoint");
+    let answer = guard
+        .query("task", &node(acked - 1).embedding, &QueryOptions::default())
+        .unwrap();
+    assert_eq!(guard.node_count() as usize, acked);
+    assert_eq!(answer[0].id as usize, acked - 1);
+    drop(guard);
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let reply = runtime
+        .block_on(core.query("task", node(0).embedding, QueryOptions::default()))
+        .unwrap();
+    assert_eq!(reply.matches[0].id, 0);
+    gate.release();
+    core.shutdown().unwrap();
+    drop(core);
+    let reopened = Bank::open(Arc::new(sim), options).unwrap();
+    let after = reopened.stats().unwrap();
+    assert_eq!(
+        (after.nodes as usize, after.checkpointed_nodes as usize),
+        (acked, acked)
+    );
+}

@@ -73,15 +73,7 @@ impl StorageFile for CountingFile {
         self.add(|c| &mut c.writeback_bytes, len_bytes);
         Ok(())
     }
-    fn len_bytes(&self) -> io::Result<u64> {
-        self.inner.len_bytes()
-    }
-    fn set_len(&self, len_bytes: u64) -> io::Result<()> {
-        self.inner.set_len(len_bytes)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.inner.sync_data()
-    }
+    super::forward_size_ops!();
     fn map(&self) -> io::Result<Mapping> {
         self.add(|c| &mut c.maps, 1);
         self.inner.map()
@@ -97,25 +89,5 @@ impl<S: Storage> Storage for CountingStorage<S> {
             counts: self.counts.clone(),
         }))
     }
-    fn exists(&self, name: &str) -> io::Result<bool> {
-        self.inner.exists(name)
-    }
-    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
-        self.inner.rename(from, to)
-    }
-    fn remove(&self, name: &str) -> io::Result<()> {
-        self.inner.remove(name)
-    }
-    fn list(&self) -> io::Result<Vec<String>> {
-        self.inner.list()
-    }
-    fn sync_dir(&self) -> io::Result<()> {
-        self.inner.sync_dir()
-    }
-    fn try_lock_writer(&self) -> Result<Box<dyn Send + Sync>, StorageError> {
-        self.inner.try_lock_writer()
-    }
-    fn describe(&self, name: &str) -> String {
-        self.inner.describe(name)
-    }
+    super::forward_directory_ops!();
 }

@@ -3,6 +3,7 @@
 
 mod counting;
 mod fs;
+mod gated;
 mod mem;
 pub mod sim;
 mod snapshot;
@@ -18,6 +19,7 @@ use crate::format::FormatError;
 
 pub use counting::{CountingStorage, IoCounts};
 pub use fs::FileStorage;
+pub use gated::{GateControl, GatedStorage};
 pub use mem::MemStorage;
 pub use sim::{FaultKind, FaultPlan, Loss, SimStorage};
 
@@ -195,6 +197,52 @@ pub fn write_bulk_at(file: &dyn StorageFile, bytes: &[u8], offset_bytes: u64) ->
     }
     Ok(())
 }
+
+/// The `Storage` methods a wrapper passes to its `inner` storage unchanged
+/// (every one but `open`), for wrappers that act on file operations only.
+macro_rules! forward_directory_ops {
+    () => {
+        fn exists(&self, name: &str) -> std::io::Result<bool> {
+            self.inner.exists(name)
+        }
+        fn rename(&self, from: &str, to: &str) -> std::io::Result<()> {
+            self.inner.rename(from, to)
+        }
+        fn remove(&self, name: &str) -> std::io::Result<()> {
+            self.inner.remove(name)
+        }
+        fn list(&self) -> std::io::Result<Vec<String>> {
+            self.inner.list()
+        }
+        fn sync_dir(&self) -> std::io::Result<()> {
+            self.inner.sync_dir()
+        }
+        fn try_lock_writer(&self) -> Result<Box<dyn Send + Sync>, StorageError> {
+            self.inner.try_lock_writer()
+        }
+        fn describe(&self, name: &str) -> String {
+            self.inner.describe(name)
+        }
+    };
+}
+use forward_directory_ops;
+
+/// The `StorageFile` methods a wrapper that watches reads, writes or maps
+/// passes to its `inner` file unchanged.
+macro_rules! forward_size_ops {
+    () => {
+        fn len_bytes(&self) -> std::io::Result<u64> {
+            self.inner.len_bytes()
+        }
+        fn set_len(&self, len_bytes: u64) -> std::io::Result<()> {
+            self.inner.set_len(len_bytes)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            self.inner.sync_data()
+        }
+    };
+}
+use forward_size_ops;
 
 /// Reads a whole small file (manifest, WAL) through the storage layer.
 pub fn read_all(storage: &dyn Storage, name: &str) -> Result<Vec<u8>, StorageError> {

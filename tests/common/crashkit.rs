@@ -63,6 +63,10 @@ pub enum Op {
     Retrievals(Vec<u32>),
     Consolidate(u32),
     Checkpoint,
+    /// A checkpoint in the server's two halves with a write between them
+    /// (`prepare_checkpoint`, insert, `publish_checkpoint`): the publish
+    /// must see the write and fall back to writing the new nodes itself.
+    CheckpointAround(NewNode),
     Compact,
     Reopen,
     /// An agent episode: a node, the chain it used, a hit, one record.
@@ -151,20 +155,17 @@ pub fn workload_from(rng: &mut impl Choices, max_ops: usize) -> Vec<Op> {
     while ops.len() < max_ops && rng.more() {
         let n = bank.node_count() as usize;
         let op = match rng.below(20) {
-            0..=9 => {
-                let mut node = new_node(rng, &bank);
-                if let Attach::Parent(NodeRef::Index(p)) = node.attach {
-                    node.tree = bank.tree_name(bank.row(p).unwrap().tree).to_string();
-                }
-                Op::Insert(node)
-            }
+            0..=9 => Op::Insert(insertable_node(rng, &bank)),
             10..=12 if n > 0 => Op::Hit(rng.below(n) as u32),
             13 | 14 if n > 0 => Op::Retrievals(bank.chain(rng.below(n) as u32).unwrap()),
             15 | 16 => match bank.due_for_consolidation(None).unwrap().first() {
                 Some(&due) => Op::Consolidate(due),
                 None => continue,
             },
-            17 if rng.below(2) == 0 => Op::Checkpoint,
+            17 if rng.below(2) == 0 => match rng.below(2) {
+                0 => Op::Checkpoint,
+                _ => Op::CheckpointAround(insertable_node(rng, &bank)),
+            },
             17 => {
                 // Explicit parents are earlier nodes; auto attach may also
                 // pick a node of the same load (staged in order).
@@ -200,6 +201,15 @@ pub fn workload_from(rng: &mut impl Choices, max_ops: usize) -> Vec<Op> {
     ops
 }
 
+/// A new node whose explicit parent (if any) is in its tree.
+fn insertable_node(rng: &mut impl Choices, bank: &Bank) -> NewNode {
+    let mut node = new_node(rng, bank);
+    if let Attach::Parent(NodeRef::Index(p)) = node.attach {
+        node.tree = bank.tree_name(bank.row(p).unwrap().tree).to_string();
+    }
+    node
+}
+
 /// Applies an op to the reference bank (it must succeed there).
 pub fn apply_owned(bank: &mut Bank, op: &Op) {
     if matches!(op, Op::Reopen) {
@@ -225,6 +235,12 @@ pub fn run_op(bank: &mut Bank, op: &Op) -> Result<Option<u64>, BankError> {
         Op::Checkpoint => {
             bank.checkpoint()?;
             None
+        }
+        Op::CheckpointAround(node) => {
+            let prepared = bank.prepare_checkpoint();
+            let lsn = bank.insert(node.clone())?.lsn;
+            bank.publish_checkpoint(prepared)?;
+            Some(lsn)
         }
         Op::Compact => {
             bank.compact()?;
@@ -448,4 +464,19 @@ pub fn compound(ledger: &Ledger, image: &SimStorage, out: &Outcome, what: &str) 
         check_recovery(ledger, &second, out, &format!("{what}, crash {j} of recovery"));
     }
     recovery_ops
+}
+
+/// A root of tree "task" with scenario "scenario {i}" and `embedding`.
+pub fn root_node(i: usize, embedding: Vec<f32>) -> NewNode {
+    NewNode {
+        tree: "task".into(),
+        attach: Attach::Root,
+        label: Label::Success,
+        payload: Payload {
+            scenario: format!("scenario {i}"),
+            fields: BTreeMap::new(),
+        },
+        embedding,
+        external_id: None,
+    }
 }
