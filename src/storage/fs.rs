@@ -109,7 +109,8 @@ impl StorageFile for RealFile {
 /// `sync_file_range(SYNC_FILE_RANGE_WRITE)`: queues the range's dirty
 /// pages for writeback and returns. Without a WAIT flag it does not consume
 /// the file's writeback-error state, so a later fdatasync still reports
-/// any failure of these pages.
+/// any failure of these pages. A file system that lacks the call answers
+/// Ok (nothing to hint); any other failure (EIO, ENOSPC) is reported.
 #[cfg(target_os = "linux")]
 fn start_writeback(file: &File, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
     use std::os::fd::AsRawFd;
@@ -120,9 +121,15 @@ fn start_writeback(file: &File, offset_bytes: u64, len_bytes: u64) -> io::Result
     // process; the descriptor stays open for the call (`file` is
     // borrowed), so it cannot name another file.
     let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE) };
-    match rc {
-        0 => Ok(()),
-        _ => Err(io::Error::last_os_error()),
+    if rc == 0 {
+        return Ok(());
+    }
+    let error = io::Error::last_os_error();
+    match error.raw_os_error() {
+        // A file system without the call (some FUSE and network ones): the
+        // hint is only a hint, the later fdatasync still makes it durable.
+        Some(libc::ENOSYS | libc::EINVAL | libc::EOPNOTSUPP | libc::ESPIPE) => Ok(()),
+        _ => Err(error),
     }
 }
 
