@@ -7,41 +7,9 @@ use crate::bank::kernels::Level;
 use crate::bank::{Stats, TreeStats, VerifyReport};
 use crate::format::manifest::Manifest;
 
-/// Counts of one tree.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct TreeStatsReply {
-    pub name: String,
-    pub tau: f32,
-    pub nodes: u64,
-    pub roots: u64,
-    pub residuals: u64,
-    pub successes: u64,
-    pub failures: u64,
-    pub consolidated: u64,
-    pub consolidated_roots: u64,
-    pub due_for_consolidation: u64,
-    /// `depth_histogram[d - 1]` = nodes at depth d.
-    pub depth_histogram: Vec<u64>,
-}
-
-impl From<TreeStats> for TreeStatsReply {
-    fn from(t: TreeStats) -> TreeStatsReply {
-        TreeStatsReply {
-            name: t.name,
-            tau: t.tau,
-            nodes: t.nodes,
-            roots: t.roots,
-            residuals: t.residuals,
-            successes: t.successes,
-            failures: t.failures,
-            consolidated: t.consolidated,
-            consolidated_roots: t.consolidated_roots,
-            due_for_consolidation: t.due_for_consolidation,
-            depth_histogram: t.depth_histogram,
-        }
-    }
-}
+/// Counts of one tree: the bank's own type, which is already the reply
+/// (one definition of the fields; its serde form is the wire form).
+pub type TreeStatsReply = TreeStats;
 
 /// Bytes on disk per node, by file kind.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -112,7 +80,7 @@ impl StatsReply {
             eps: manifest.eps,
             max_depth: manifest.max_depth,
             consolidate_after: manifest.consolidate_after,
-            trees: s.trees.into_iter().map(TreeStatsReply::from).collect(),
+            trees: s.trees,
             vector_bytes: s.vector_bytes,
             table_bytes: s.table_bytes,
             payload_bytes: s.payload_bytes,

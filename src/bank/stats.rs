@@ -6,7 +6,10 @@ use crate::format::row::{Label, NodeType, ROW_SIZE_BYTES};
 use crate::storage::WAL_FILE;
 use crate::tree;
 
-#[derive(Debug, Clone, Default, PartialEq)]
+/// Counts of one tree. Serialised as is in every face's `stats` reply
+/// (`api::TreeStatsReply`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct TreeStats {
     pub name: String,
     pub tau: f32,
