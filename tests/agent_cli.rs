@@ -317,3 +317,69 @@ fn record_saved_before_a_failed_checkpoint_prints_its_result_and_exits_3() {
         (&json!(1), &json!(1))
     );
 }
+
+/// A consolidation made durable before the checkpoint after it fails (a
+/// directory in the way of MANIFEST.tmp, put there while the distillation
+/// reply is on its way) is reported as done, with the failure in its
+/// reason, not as failed: a caller told "failed" would distil again and
+/// store a second root. After the blocker is gone the bank holds the new
+/// root once, recovered from the WAL.
+#[test]
+fn a_consolidation_saved_before_a_failed_checkpoint_is_reported_done() {
+    if !assets_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bank = &init_bank(dir.path(), &["--consolidate-after", "1", "--max-depth", "2"]);
+    let episode = kitchen_episode;
+    let server = Server::start(vec![skill(), facts()]);
+    record_summary(bank, &episode(false, None, None), &server, dir.path());
+    let server = Server::start(vec![skill(), content(r#"{"skip": true}"#)]);
+    record_summary(bank, &episode(false, Some(vec![0]), Some(vec![1])), &server, dir.path());
+
+    // The third episode's commit and checkpoint succeed; the blocker
+    // appears while the client waits for the distillation of node 2.
+    let blocker = Path::new(bank).join("MANIFEST.tmp");
+    let in_the_way = blocker.join("in-the-way");
+    let distilled = json!({"activation_condition": "boiling", "execution_procedure": "1. heat\n2. wait"});
+    let hook = Box::new(move || std::fs::create_dir_all(&in_the_way).unwrap());
+    let server = Server::start(vec![
+        skill(),
+        facts(),
+        Canned::Hook(hook, Box::new(content(&distilled.to_string()))),
+    ]);
+    let file = dir.path().join("episode.json");
+    let third = episode(true, Some(vec![0, 2]), Some(vec![1]));
+    std::fs::write(&file, third.to_string()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+        .args(["record", bank, "--episode", file.to_str().unwrap(), "--json"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("DELTAMEM_LLM_BASE_URL", &server.url)
+        .env("DELTAMEM_LLM_MODEL", "scripted")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let outcome: Value = serde_json::from_slice(&out.stdout).expect("the outcome is printed");
+    assert_eq!(server.requests().len(), 3, "the distillation was asked for: {stderr}");
+    assert!(outcome["checkpoint_failure"].is_null(), "the episode's own checkpoint succeeded: {outcome}");
+    let consolidation = &outcome["consolidations"][0];
+    assert_eq!(consolidation["status"], json!("done"), "{outcome}");
+    assert_eq!(consolidation["new_root"], json!(5), "{outcome}");
+    let reason = consolidation["reason"].as_str().unwrap_or_default();
+    assert!(reason.starts_with("saved;") && reason.contains("checkpoint"), "{outcome}");
+
+    std::fs::remove_dir_all(&blocker).unwrap();
+    let dump = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+        .args(["dump", bank])
+        .output()
+        .unwrap();
+    assert!(dump.status.success(), "{}", String::from_utf8_lossy(&dump.stderr));
+    let nodes: Vec<Value> = String::from_utf8(dump.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(nodes.len(), 6, "nodes 0-4 and the one new root: {nodes:?}");
+    assert_eq!(nodes[5]["consolidated_root"], json!(true), "{}", nodes[5]);
+    assert_eq!(nodes[2]["consolidated"], json!(true), "{}", nodes[2]);
+}
