@@ -166,6 +166,19 @@ macro_rules! tiled {
                     put(b, &s, $q);
                     b += $q;
                 }
+                // Two left (32 queries: 10 x 3 + 2) share a tile: a load
+                // per FMA, against three loads per two FMAs one at a time.
+                if nq - b == 2 {
+                    let q = [queries[b].as_ptr(), queries[b + 1].as_ptr()];
+                    // SAFETY: as above.
+                    let s = unsafe { $tile::<R, 2, false>(q, v, ahead, dim) };
+                    let mut wide = [[0.0f32; $q]; R];
+                    for r in 0..R {
+                        wide[r][..2].copy_from_slice(&s[r]);
+                    }
+                    put(b, &wide, 2);
+                    b += 2;
+                }
                 while b < nq {
                     // SAFETY: as above.
                     let s = unsafe { $tile::<R, 1, false>([queries[b].as_ptr()], v, ahead, dim) };
