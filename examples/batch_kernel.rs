@@ -86,6 +86,9 @@ fn pass(
     (t.elapsed().as_secs_f64(), thread_cpu_seconds() - c)
 }
 
+/// Row `i` of a pass -> its slot in the column.
+type SlotOf = Box<dyn Fn(usize) -> u32>;
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -121,7 +124,7 @@ fn main() {
         level.name(),
         load_average()
     );
-    let sets: [(&str, Box<dyn Fn(usize) -> u32>); 2] = [
+    let sets: [(&str, SlotOf); 2] = [
         ("memory", Box::new(|i| i as u32)),
         ("cached", Box::new(move |i| (i % cached_rows.min(rows)) as u32)),
     ];
@@ -184,6 +187,8 @@ fn main() {
 /// x 4 accumulators per pair, AVX-512), kept here as the same-process peer
 /// of the comparison.
 #[cfg(target_arch = "x86_64")]
+// Index loops over the register arrays, as the library kernel writes them.
+#[allow(clippy::needless_range_loop)]
 mod before {
     use std::arch::x86_64::*;
 
