@@ -195,8 +195,9 @@ macro_rules! tiled {
 }
 
 /// Asks for the cache line holding `p` in L2 (into L1 it would evict the
-/// rows and queries the tile works on). Measured a little faster than into
-/// L1 (examples/batch_kernel.rs). A prefetch never faults: any address will do.
+/// rows and queries the tile works on; a trial into L1 measured a few
+/// percent slower, within the noise of a loaded machine). A prefetch never
+/// faults: any address will do.
 #[inline]
 #[target_feature(enable = "sse")]
 fn prefetch_l2(p: *const f32) {
