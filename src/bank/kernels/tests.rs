@@ -131,21 +131,28 @@ fn batch_kernel_scores_equal_single_query_scores_bit_for_bit() {
     for level in Level::all_supported() {
         for n in LENGTHS {
             let queries: Vec<Vec<f32>> = (0..MAX_BATCH).map(|_| vector(&mut rng, n)).collect();
+            // Both as allocated and as the scan passes them (each on a
+            // 64-byte boundary), so both load paths are compared.
+            let copies = AlignedQueries::new(&queries, n);
             let rows: Vec<Vec<f32>> = (0..7).map(|_| vector(&mut rng, n)).collect();
             let stride = 4 * n + 12;
             let bytes = column(&rows, f32_bytes, stride);
             let slots = [6u32, 0, 2, 1, 5, 3, 4];
-            for width in [1, 2, 3, 4, 5, 7, 8, 9, 31, 32, 33, MAX_BATCH] {
-                for count in [1, 2, 3, 7] {
+            let (plain, aligned) = (queries.iter().map(|q| q.as_slice()).collect::<Vec<_>>(), copies.refs());
+            for (width, queries) in [1, 2, 3, 4, 5, 7, 8, 9, 31, 32, 33, MAX_BATCH]
+                .into_iter()
+                .flat_map(|w| [(w, &plain), (w, &aligned)])
+            {
+                for count in [1, 2, 3, 4, 5, 7] {
                     let set = Rows {
                         bytes: &bytes,
                         stride_bytes: stride,
                         offset_bytes: 3,
                         slots: &slots[..count],
                     };
-                    let refs: Vec<&[f32]> = queries[..width].iter().map(|q| q.as_slice()).collect();
+                    let refs = &queries[..width];
                     let mut out = vec![f32::NAN; count * width];
-                    score_f32_batch(level, &refs, n, set, &mut out);
+                    score_f32_batch(level, refs, n, set, &mut out);
                     for b in 0..width {
                         let mut one = [0.0f32; 7];
                         score_f32(level, &refs[b..b + 1], n, set, &mut one);
@@ -159,6 +166,22 @@ fn batch_kernel_scores_equal_single_query_scores_bit_for_bit() {
                     }
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn aligned_queries_hold_the_same_values_each_on_a_64_byte_boundary() {
+    let mut rng = Rng(15);
+    for n in LENGTHS {
+        let queries: Vec<Vec<f32>> = (0..5).map(|_| vector(&mut rng, n)).collect();
+        let aligned = AlignedQueries::new(&queries, n);
+        let refs = aligned.refs();
+        assert_eq!(refs.len(), queries.len());
+        for (copy, query) in refs.iter().zip(&queries) {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(copy), bits(query), "n={n}");
+            assert_eq!(copy.as_ptr() as usize % 64, 0, "n={n}: a query starts on a 64-byte boundary");
         }
     }
 }

@@ -348,7 +348,10 @@ impl Bank {
             queries.push(normalise(e, self.manifest.dim_count)?);
         }
         options.validate()?;
-        let refs: Vec<&[f32]> = queries.iter().map(|q| q.as_slice()).collect();
+        // One copy per pass, on 64-byte boundaries: the kernels' query
+        // loads then never straddle a cache line (`AlignedQueries`).
+        let aligned = kernels::AlignedQueries::new(&queries, self.manifest.dim_count as usize);
+        let refs = aligned.refs();
         let mut out = Vec::with_capacity(queries.len());
         for ranked in self.scan_block(tree, &refs, options)? {
             let mut matches = Vec::with_capacity(ranked.len());
