@@ -78,6 +78,9 @@ pub struct Core {
     writer: Mutex<Option<JoinHandle<()>>>,
     queries: Batcher,
     read_only: bool,
+    /// The bank's dimension, fixed at its creation: request checks read it
+    /// here rather than wait for the bank's lock while a round is applied.
+    dim: u32,
 }
 
 impl Core {
@@ -99,6 +102,7 @@ impl Core {
     /// bank's checkpoints (`commit::checkpoint_beside_queries`).
     pub fn serve(mut bank: Bank, policy: SyncPolicy, threads: usize) -> Result<Arc<Core>, BankError> {
         let read_only = bank.sync_policy().is_none();
+        let dim = bank.dim_count();
         bank.set_query_threads(threads);
         bank.defer_checkpoints();
         let (changes, _) = watch::channel(ChangeEvent {
@@ -124,11 +128,17 @@ impl Core {
             writer: Mutex::new(Some(writer)),
             queries: Batcher::default(),
             read_only,
+            dim,
         }))
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.shared.metrics
+    }
+
+    /// The bank's dimension (without its lock).
+    pub fn dim_count(&self) -> u32 {
+        self.dim
     }
 
     pub fn read_only(&self) -> bool {

@@ -154,7 +154,7 @@ async fn query(
         .options(QUERY_DEFAULTS)
         .map_err(|e| ApiError::from_bank(e, "k"))?;
     check_k(options.k, &state.limits)?;
-    let dim = state.core.read()?.dim_count();
+    let dim = state.core.dim_count();
     check_embedding(&request.embedding, dim, "embedding")?;
     let answer = state.core.query(&tree, request.embedding, options);
     let limit = std::time::Duration::from_millis(state.limits.request_ms);
@@ -184,7 +184,7 @@ async fn query_batch(
             ),
         ));
     }
-    let dim = state.core.read()?.dim_count();
+    let dim = state.core.dim_count();
     for (i, e) in embeddings.iter().enumerate() {
         check_embedding(e, dim, &format!("embeddings[{i}]"))?;
     }
@@ -262,7 +262,7 @@ pub fn chain_of(bank: &Bank, node: &NodeRef, render: bool) -> ApiResult<ChainOut
 }
 
 fn check_node(state: &AppState, n: &InsertRequest, field: &str) -> ApiResult<u32> {
-    let dim = state.core.read()?.dim_count();
+    let dim = state.core.dim_count();
     check_embedding(&n.embedding, dim, &format!("{field}embedding"))?;
     Ok(dim)
 }
