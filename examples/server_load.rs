@@ -252,8 +252,10 @@ struct InsertRun {
     /// rest of the process (the server).
     client_cpu_s: f64,
     server_cpu_s: f64,
-    /// Context switches (voluntary + involuntary) of the whole process.
+    /// Context switches (voluntary + involuntary) of the whole process and
+    /// of the client threads.
     switches: f64,
+    client_switches: f64,
     /// The server's fsyncs and write rounds during the run.
     syncs: f64,
     rounds: f64,
@@ -302,25 +304,27 @@ fn insert_run(base: &str, url: &str, clients: usize, bodies: &[Vec<String>]) -> 
     let before = (usage(libc::RUSAGE_SELF), write_counters(base));
     let started = Instant::now();
     let per_client = INSERT_RUN_MAX / clients;
-    let (latencies_ms, client_cpu_s) = std::thread::scope(|scope| {
+    let (latencies_ms, client_cpu_s, client_switches) = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..clients)
             .map(|c| {
                 let bodies = &bodies[c];
                 std::thread::Builder::new()
                     .name(format!("load-client-{c}"))
                     .spawn_scoped(scope, move || {
-                        let cpu_before = usage(libc::RUSAGE_THREAD).0;
+                        let before = usage(libc::RUSAGE_THREAD);
                         let out = post_until(url, started, per_client, |i| &bodies[i % bodies.len()]);
-                        (out, usage(libc::RUSAGE_THREAD).0 - cpu_before)
+                        let after = usage(libc::RUSAGE_THREAD);
+                        (out, after.0 - before.0, after.1 - before.1)
                     })
                     .unwrap()
             })
             .collect();
-        let mut all = (Vec::new(), 0.0);
+        let mut all = (Vec::new(), 0.0, 0.0);
         for h in handles {
-            let (latencies, cpu) = h.join().unwrap();
+            let (latencies, cpu, switches) = h.join().unwrap();
             all.0.extend(latencies);
             all.1 += cpu;
+            all.2 += switches;
         }
         all
     });
@@ -336,6 +340,7 @@ fn insert_run(base: &str, url: &str, clients: usize, bodies: &[Vec<String>]) -> 
         client_cpu_s,
         server_cpu_s: process_cpu_s - client_cpu_s,
         switches: after.0.1 - before.0.1,
+        client_switches,
         syncs: after.1.0 - before.1.0,
         rounds: after.1.1 - before.1.1,
     }
@@ -366,7 +371,7 @@ fn print_insert_run(round: usize, clients: usize, r: &InsertRun) {
     let n = r.run.latencies_ms.len() as f64;
     println!(
         "insert {clients:>2} clients (round {round}): {:>8.1} w/s  p50 {:>6.3} ms  p99 {:>6.3} ms  {:>6} inserts; \
-         CPU/insert {:>5.0} us = server {:>5.0} + clients {:>4.0}; {:.1} switches, {:.1} inserts/fsync, {:.1}/round; load {}",
+         CPU/insert {:>5.0} us = server {:>5.0} + clients {:>4.0}; switches {:.1} + {:.1}, {:.1} inserts/fsync, {:.1}/round; load {}",
         r.run.rate(),
         r.run.pct(0.5),
         r.run.pct(0.99),
@@ -374,7 +379,8 @@ fn print_insert_run(round: usize, clients: usize, r: &InsertRun) {
         r.per_insert_us(r.run.cpu_seconds),
         r.per_insert_us(r.server_cpu_s),
         r.per_insert_us(r.client_cpu_s),
-        r.switches / n.max(1.0),
+        (r.switches - r.client_switches) / n.max(1.0),
+        r.client_switches / n.max(1.0),
         n / r.syncs.max(1.0),
         n / r.rounds.max(1.0),
         load_average()
@@ -407,7 +413,10 @@ fn write_counters(base: &str) -> (f64, f64) {
             .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
             .unwrap_or(0.0)
     };
-    (counter("deltamem_wal_syncs_total"), counter("deltamem_write_rounds_total"))
+    (
+        counter("deltamem_wal_syncs_total"),
+        counter("deltamem_write_rounds_total"),
+    )
 }
 
 /// CPU seconds this process has used (user + system), from /proc.
@@ -513,11 +522,19 @@ fn main() {
         ));
     }
     if wants("insert") {
-        let rounds = std::env::var("INSERT_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(3);
+        let rounds = std::env::var("INSERT_ROUNDS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(3);
         // INSERT_CLIENTS=32 runs only that count (to profile it).
         let counts: Vec<usize> = std::env::var("INSERT_CLIENTS")
             .ok()
-            .map(|c| c.split(',').filter_map(|n| n.parse().ok()).filter(|n| (1..=32).contains(n)).collect())
+            .map(|c| {
+                c.split(',')
+                    .filter_map(|n| n.parse().ok())
+                    .filter(|n| (1..=32).contains(n))
+                    .collect()
+            })
             .unwrap_or_else(|| vec![1, 8, 32]);
         let runs = insert_phase(&empty, rounds, &counts);
         let rate = |clients: usize| median(runs[&clients].iter().map(|r| r.run.rate()).collect());

@@ -14,6 +14,7 @@ use subtle::ConstantTimeEq;
 
 use super::core::Core;
 use super::error::{ApiError, ApiResult};
+use super::vectors::{WithEmbedding, parse_with_embedding};
 
 /// Limits on what one request may ask; each breach is a clear 4xx.
 #[derive(Debug, Clone)]
@@ -146,30 +147,42 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
-        let limits = &state.limits;
-        let read = axum::body::Bytes::from_request(request, state);
-        let bytes = match tokio::time::timeout(Duration::from_millis(limits.request_ms), read).await {
-            Err(_) => {
-                return Err(ApiError::new(
-                    StatusCode::REQUEST_TIMEOUT,
-                    format!("the body did not arrive within {} ms", limits.request_ms),
-                ));
-            }
-            Ok(Err(rejection)) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                return Err(ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("request body larger than {} bytes", limits.body_bytes),
-                ));
-            }
-            Ok(Err(rejection)) => {
-                return Err(ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    format!("cannot read the request body: {rejection}"),
-                ));
-            }
-            Ok(Ok(bytes)) => bytes,
-        };
-        parse_json(&bytes, limits.json_depth).map(JsonBody)
+        let bytes = read_body(request, state).await?;
+        parse_json(&bytes, state.limits.json_depth).map(JsonBody)
+    }
+}
+
+/// A JSON body with a top-level `embedding`, checked and answered as a
+/// `JsonBody`, parsed by the faster path of `vectors`.
+pub struct VectorBody<T>(pub T);
+
+impl<T: DeserializeOwned + WithEmbedding> FromRequest<AppState> for VectorBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
+        let bytes = read_body(request, state).await?;
+        parse_with_embedding(&bytes, state.limits.json_depth).map(VectorBody)
+    }
+}
+
+/// A request's body, read within the time and size limits.
+async fn read_body(request: Request, state: &AppState) -> Result<axum::body::Bytes, ApiError> {
+    let limits = &state.limits;
+    let read = axum::body::Bytes::from_request(request, state);
+    match tokio::time::timeout(Duration::from_millis(limits.request_ms), read).await {
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the body did not arrive within {} ms", limits.request_ms),
+        )),
+        Ok(Err(rejection)) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body larger than {} bytes", limits.body_bytes),
+        )),
+        Ok(Err(rejection)) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("cannot read the request body: {rejection}"),
+        )),
+        Ok(Ok(bytes)) => Ok(bytes),
     }
 }
 
@@ -210,17 +223,15 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8], max_depth: usize) -> ApiRes
 /// Bytes scanned at a time by `nesting_beyond`: a block holding none of
 /// the bytes that can change the nesting or the string state is skipped
 /// whole (an embedding's digits are most of a body).
-const NESTING_BLOCK_BYTES: usize = 64;
+pub(super) const NESTING_BLOCK_BYTES: usize = 64;
 
 /// The byte offset where nesting first exceeds `max_depth`, if it does.
 /// Brackets inside strings do not count.
-fn nesting_beyond(bytes: &[u8], max_depth: usize) -> Option<usize> {
+pub(super) fn nesting_beyond(bytes: &[u8], max_depth: usize) -> Option<usize> {
     let mut state = Nesting::default();
     for (block, chunk) in bytes.chunks(NESTING_BLOCK_BYTES).enumerate() {
-        // Written as a fold over the whole block, not `any`, so that it
-        // vectorises; most blocks of a body are numbers and commas.
         // A block after a backslash is walked: its first byte is escaped.
-        if !state.escaped && !chunk.iter().fold(false, |seen, &b| seen | is_structural(b)) {
+        if !state.escaped && !structural_block(chunk) {
             continue;
         }
         for (i, &b) in chunk.iter().enumerate() {
@@ -230,6 +241,13 @@ fn nesting_beyond(bytes: &[u8], max_depth: usize) -> Option<usize> {
         }
     }
     None
+}
+
+/// Whether a block holds a byte that can change the nesting or the string
+/// state. A fold over the whole block, not `any`, so that it vectorises;
+/// most blocks of a body are numbers and commas.
+pub(super) fn structural_block(chunk: &[u8]) -> bool {
+    chunk.iter().fold(false, |seen, &b| seen | is_structural(b))
 }
 
 /// Whether a byte can change the nesting or the string state: `"`, `\`
@@ -242,15 +260,15 @@ fn is_structural(b: u8) -> bool {
 
 /// The nesting scan's state between bytes.
 #[derive(Default)]
-struct Nesting {
-    depth: usize,
-    in_string: bool,
-    escaped: bool,
+pub(super) struct Nesting {
+    pub depth: usize,
+    pub in_string: bool,
+    pub escaped: bool,
 }
 
 impl Nesting {
     /// Takes one byte; true when it opens a level beyond `max_depth`.
-    fn step(&mut self, b: u8, max_depth: usize) -> bool {
+    pub fn step(&mut self, b: u8, max_depth: usize) -> bool {
         if self.in_string {
             match (self.escaped, b) {
                 (true, _) => self.escaped = false,

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::body::*;
 use super::core::{WriteDone, WriteOp};
 use super::error::{ApiError, ApiResult};
-use super::http::{AppState, JsonBody};
+use super::http::{AppState, JsonBody, VectorBody};
 use crate::bank::{Bank, NodeRef};
 
 use axum::Json;
@@ -147,7 +147,7 @@ fn check_k(k: usize, limits: &super::http::Limits) -> ApiResult<()> {
 async fn query(
     State(state): State<AppState>,
     tree: Result<Path<String>, PathRejection>,
-    JsonBody(request): JsonBody<TreeQuery>,
+    VectorBody(request): VectorBody<TreeQuery>,
 ) -> ApiResult<Json<QueryReply>> {
     let tree = tree_name(tree)?;
     let options = request
@@ -269,7 +269,7 @@ fn check_node(state: &AppState, n: &InsertRequest, field: &str) -> ApiResult<u32
 
 async fn insert(
     State(state): State<AppState>,
-    JsonBody(request): JsonBody<InsertRequest>,
+    VectorBody(request): VectorBody<InsertRequest>,
 ) -> ApiResult<Json<InsertReply>> {
     check_node(&state, &request, "")?;
     match state.core.write(WriteOp::Insert(request.into())).await? {
