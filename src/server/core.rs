@@ -340,22 +340,22 @@ impl OptionsKey {
     }
 }
 
-/// One write against the bank (no fsync: the round does that).
-pub(super) fn apply(bank: &mut Bank, op: &WriteOp) -> ApiResult<WriteDone> {
+/// One write against the bank (no fsync: the round does that). Takes the
+/// write whole: a node moves into the bank, not a copy of its embedding
+/// made under the exclusive lock.
+pub(super) fn apply(bank: &mut Bank, op: WriteOp) -> ApiResult<WriteDone> {
     let no_sync = Some(SyncPolicy::None);
     match op {
         WriteOp::Insert(node) => {
+            let external_id = node.external_id.clone();
             let ack = bank
-                .insert_with(node.clone(), no_sync)
+                .insert_with(node, no_sync)
                 .map_err(|e| ApiError::from_bank(e, "attach"))?;
-            Ok(WriteDone::Inserted(vec![InsertReply::new(
-                ack,
-                node.external_id.clone(),
-            )]))
+            Ok(WriteDone::Inserted(vec![InsertReply::new(ack, external_id)]))
         }
         WriteOp::Batch(nodes) => {
             let acks = bank
-                .insert_batch(nodes, no_sync)
+                .insert_batch(&nodes, no_sync)
                 .map_err(|e| ApiError::from_bank(e, "nodes"))?;
             let ids = nodes.iter().map(|n| n.external_id.clone());
             Ok(WriteDone::Inserted(
@@ -366,7 +366,7 @@ pub(super) fn apply(bank: &mut Bank, op: &WriteOp) -> ApiResult<WriteDone> {
             ))
         }
         WriteOp::Hit(node) => {
-            let index = bank.resolve(node).map_err(|e| ApiError::from_bank(e, "id"))?;
+            let index = bank.resolve(&node).map_err(|e| ApiError::from_bank(e, "id"))?;
             let ack = bank.success_hit(index).map_err(|e| ApiError::from_bank(e, "id"))?;
             Ok(WriteDone::Hit(ack.into()))
         }
@@ -382,15 +382,15 @@ pub(super) fn apply(bank: &mut Bank, op: &WriteOp) -> ApiResult<WriteDone> {
             Ok(WriteDone::Retrievals(distinct as u32))
         }
         WriteOp::Consolidate(node, fields) => {
-            let index = bank.resolve(node).map_err(|e| ApiError::from_bank(e, "id"))?;
+            let index = bank.resolve(&node).map_err(|e| ApiError::from_bank(e, "id"))?;
             let ack = bank
-                .consolidate(index, fields.clone())
+                .consolidate(index, fields)
                 .map_err(|e| ApiError::from_bank(e, "payload"))?;
             Ok(WriteDone::Consolidated(ack.into()))
         }
         #[cfg(feature = "agent")]
         WriteOp::Transact(changes) => bank
-            .transact(changes, no_sync)
+            .transact(&changes, no_sync)
             .map(WriteDone::Transacted)
             .map_err(|e| ApiError::from_bank(e, "episode")),
     }
