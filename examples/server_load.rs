@@ -6,7 +6,12 @@
 //!   - the library call `Bank::query` (the peer the server is compared to);
 //!   - single HTTP queries with 1, 8 and 32 concurrent clients;
 //!   - durable single-node inserts (sync always) with 1, 8 and 32 clients,
-//!     into a second, empty bank.
+//!     into a second, empty bank: each run lasts `INSERT_RUN` (at most
+//!     `INSERT_RUN_MAX` inserts), the three client counts are run in turn
+//!     `INSERT_ROUNDS` times (default 3) and the medians compared; each
+//!     run's CPU per insert is split between the server and the load
+//!     generator's client threads (each client thread measures its own
+//!     CPU), with context switches, inserts per fsync and per write round.
 //!
 //! Prints throughput and p50/p99 latency and checks the issue's targets.
 //!
@@ -234,40 +239,184 @@ fn batch_counters(base: &str) -> (f64, f64) {
     )
 }
 
-/// Durable single-node inserts with 1, 8 and 32 clients into `empty`.
-fn insert_phase(empty: &Path) -> Vec<Run> {
+/// How long each insert run lasts, and the most inserts it sends.
+const INSERT_RUN: Duration = Duration::from_secs(4);
+const INSERT_RUN_MAX: usize = 200_000;
+/// Distinct bodies per client, cycled (made before the clock starts).
+const BODIES_PER_CLIENT: usize = 64;
+
+/// One insert run: the rate, and where the CPU went.
+struct InsertRun {
+    run: Run,
+    /// CPU seconds of the client threads (the load generator) and of the
+    /// rest of the process (the server).
+    client_cpu_s: f64,
+    server_cpu_s: f64,
+    /// Context switches (voluntary + involuntary) of the whole process and
+    /// of the client threads.
+    switches: f64,
+    client_switches: f64,
+    /// The server's fsyncs and write rounds during the run.
+    syncs: f64,
+    rounds: f64,
+}
+
+impl InsertRun {
+    fn per_insert_us(&self, seconds: f64) -> f64 {
+        seconds / self.run.latencies_ms.len().max(1) as f64 * 1e6
+    }
+}
+
+/// Durable single-node inserts with 1, 8 and 32 clients into `empty`,
+/// `rounds` times over (1, 8, 32, 1, 8, 32, ...: the rounds see the same
+/// machine load); returns each client count's runs.
+fn insert_phase(empty: &Path, rounds: usize, counts: &[usize]) -> BTreeMap<usize, Vec<InsertRun>> {
     let base = start(empty);
     let url = format!("{base}/v1/nodes");
-    let mut runs = Vec::new();
-    for clients in [1, 8, 32] {
-        let per_client = (1600 / clients).clamp(50, 200);
-        // Bodies are made before the clock starts: the load generator
-        // shares the machine with the server and must not spend its time
-        // printing floats.
-        let bodies: Vec<Vec<String>> = (0..clients)
-            .map(|c| {
-                (0..per_client)
-                    .map(|i| {
-                        let mut r = Rng((c * 100_000 + i) as u64 + 1);
-                        serde_json::json!({"tree": "task", "attach": "root", "label": "SUCCESS",
-                            "scenario": format!("c{c} i{i}"), "payload": {}, "embedding": random_unit(&mut r)})
-                        .to_string()
-                    })
-                    .collect()
-            })
-            .collect();
-        let run = drive(&url, clients, per_client, |c, i| bodies[c][i].clone());
-        println!(
-            "insert {clients:>2} clients: {:>8.1} w/s  p50 {:>7.3} ms  p99 {:>7.3} ms  ({} durable inserts, {:.0} us CPU each, server and clients)",
-            run.rate(),
-            run.pct(0.5),
-            run.pct(0.99),
-            run.latencies_ms.len(),
-            run.cpu_seconds / run.latencies_ms.len() as f64 * 1e6
-        );
-        runs.push(run);
+    // Bodies are made before the clock starts: the load generator shares
+    // the machine with the server and must not spend its time printing
+    // floats.
+    let bodies: Vec<Vec<String>> = (0..32)
+        .map(|c| (0..BODIES_PER_CLIENT).map(|i| insert_body(c, i)).collect())
+        .collect();
+    let mut runs: BTreeMap<usize, Vec<InsertRun>> = BTreeMap::new();
+    for round in 0..rounds {
+        for &clients in counts {
+            let run = insert_run(&base, &url, clients, &bodies);
+            print_insert_run(round, clients, &run);
+            runs.entry(clients).or_default().push(run);
+        }
     }
     runs
+}
+
+fn insert_body(c: usize, i: usize) -> String {
+    let mut r = Rng((c * 100_000 + i) as u64 + 1);
+    serde_json::json!({"tree": "task", "attach": "root", "label": "SUCCESS",
+        "scenario": format!("c{c} i{i}"), "payload": {}, "embedding": random_unit(&mut r)})
+    .to_string()
+}
+
+/// `clients` threads named `load-client-N` posting inserts for
+/// `INSERT_RUN` (at most `INSERT_RUN_MAX` in all); each thread reports the
+/// CPU it used, so the load generator's share is told from the server's.
+fn insert_run(base: &str, url: &str, clients: usize, bodies: &[Vec<String>]) -> InsertRun {
+    let before = (usage(libc::RUSAGE_SELF), write_counters(base));
+    let started = Instant::now();
+    let per_client = INSERT_RUN_MAX / clients;
+    let (latencies_ms, client_cpu_s, client_switches) = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..clients)
+            .map(|c| {
+                let bodies = &bodies[c];
+                std::thread::Builder::new()
+                    .name(format!("load-client-{c}"))
+                    .spawn_scoped(scope, move || {
+                        let before = usage(libc::RUSAGE_THREAD);
+                        let out = post_until(url, started, per_client, |i| &bodies[i % bodies.len()]);
+                        let after = usage(libc::RUSAGE_THREAD);
+                        (out, after.0 - before.0, after.1 - before.1)
+                    })
+                    .unwrap()
+            })
+            .collect();
+        let mut all = (Vec::new(), 0.0, 0.0);
+        for h in handles {
+            let (latencies, cpu, switches) = h.join().unwrap();
+            all.0.extend(latencies);
+            all.1 += cpu;
+            all.2 += switches;
+        }
+        all
+    });
+    let seconds = started.elapsed().as_secs_f64();
+    let after = (usage(libc::RUSAGE_SELF), write_counters(base));
+    let process_cpu_s = after.0.0 - before.0.0;
+    InsertRun {
+        run: Run {
+            seconds,
+            cpu_seconds: process_cpu_s,
+            latencies_ms,
+        },
+        client_cpu_s,
+        server_cpu_s: process_cpu_s - client_cpu_s,
+        switches: after.0.1 - before.0.1,
+        client_switches,
+        syncs: after.1.0 - before.1.0,
+        rounds: after.1.1 - before.1.1,
+    }
+}
+
+/// One client's closed loop: post, read the answer, again, until the run's
+/// time or count is up; the latencies.
+fn post_until<'b>(url: &str, started: Instant, count: usize, body: impl Fn(usize) -> &'b String) -> Vec<f64> {
+    let agent: ureq::Agent = ureq::Agent::config_builder().build().into();
+    let mut out = Vec::new();
+    for i in 0..count {
+        if started.elapsed() > INSERT_RUN {
+            break;
+        }
+        let t = Instant::now();
+        let mut r = agent
+            .post(url)
+            .header("content-type", "application/json")
+            .send(body(i).as_str())
+            .unwrap();
+        let _ = r.body_mut().read_to_string().unwrap();
+        out.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    out
+}
+
+fn print_insert_run(round: usize, clients: usize, r: &InsertRun) {
+    let n = r.run.latencies_ms.len() as f64;
+    println!(
+        "insert {clients:>2} clients (round {round}): {:>8.1} w/s  p50 {:>6.3} ms  p99 {:>6.3} ms  {:>6} inserts; \
+         CPU/insert {:>5.0} us = server {:>5.0} + clients {:>4.0}; switches {:.1} + {:.1}, {:.1} inserts/fsync, {:.1}/round; load {}",
+        r.run.rate(),
+        r.run.pct(0.5),
+        r.run.pct(0.99),
+        n,
+        r.per_insert_us(r.run.cpu_seconds),
+        r.per_insert_us(r.server_cpu_s),
+        r.per_insert_us(r.client_cpu_s),
+        (r.switches - r.client_switches) / n.max(1.0),
+        r.client_switches / n.max(1.0),
+        n / r.syncs.max(1.0),
+        n / r.rounds.max(1.0),
+        load_average()
+    );
+}
+
+/// (CPU seconds, user + system; context switches) of this process or thread.
+fn usage(who: libc::c_int) -> (f64, f64) {
+    // SAFETY: getrusage writes one rusage into the zeroed struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid, writable rusage; `who` is RUSAGE_SELF or RUSAGE_THREAD.
+    if unsafe { libc::getrusage(who, &mut u) } != 0 {
+        return (0.0, 0.0);
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (secs(u.ru_utime) + secs(u.ru_stime), (u.ru_nvcsw + u.ru_nivcsw) as f64)
+}
+
+/// The server's (fsyncs, write rounds) counters.
+fn write_counters(base: &str) -> (f64, f64) {
+    let metrics = ureq::get(&format!("{base}/metrics"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    let counter = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    (
+        counter("deltamem_wal_syncs_total"),
+        counter("deltamem_write_rounds_total"),
+    )
 }
 
 /// CPU seconds this process has used (user + system), from /proc.
@@ -373,12 +522,40 @@ fn main() {
         ));
     }
     if wants("insert") {
-        let runs = insert_phase(&empty);
-        let ratio = runs[2].rate() / runs[0].rate();
-        targets.push(format!(
-            "32-client durable inserts = {ratio:.1}x the 1-client rate (>= 10x): {}",
-            verdict(ratio >= 10.0)
-        ));
+        let rounds = std::env::var("INSERT_ROUNDS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(3);
+        // INSERT_CLIENTS=32 runs only that count (to profile it).
+        let counts: Vec<usize> = std::env::var("INSERT_CLIENTS")
+            .ok()
+            .map(|c| {
+                c.split(',')
+                    .filter_map(|n| n.parse().ok())
+                    .filter(|n| (1..=32).contains(n))
+                    .collect()
+            })
+            .unwrap_or_else(|| vec![1, 8, 32]);
+        let runs = insert_phase(&empty, rounds, &counts);
+        let rate = |clients: usize| median(runs[&clients].iter().map(|r| r.run.rate()).collect());
+        let cpu_us = |clients: usize, part: fn(&InsertRun) -> f64| {
+            median(runs[&clients].iter().map(|r| r.per_insert_us(part(r))).collect())
+        };
+        for &clients in &counts {
+            println!(
+                "insert {clients:>2} clients, median of {rounds}: {:>8.1} w/s, CPU/insert server {:.0} us + clients {:.0} us",
+                rate(clients),
+                cpu_us(clients, |r| r.server_cpu_s),
+                cpu_us(clients, |r| r.client_cpu_s)
+            );
+        }
+        if runs.contains_key(&1) && runs.contains_key(&32) {
+            let ratio = rate(32) / rate(1);
+            targets.push(format!(
+                "32-client durable inserts = {ratio:.1}x the 1-client rate, medians (>= 10x): {}",
+                verdict(ratio >= 10.0)
+            ));
+        }
     }
     println!("load average (1 min) at the end: {}", load_average());
     println!("targets:");

@@ -68,7 +68,7 @@ fn apply_round(shared: &Shared, jobs: Vec<WriteJob>) {
     let mut applied = 0;
     let mut held = shared.unsynced.held.lock().unwrap_or_else(|p| p.into_inner());
     for job in jobs {
-        let result = apply(&mut bank, &job.op);
+        let result = apply(&mut bank, job.op);
         applied += usize::from(result.is_ok());
         match (&result, shared.policy) {
             (Ok(_), SyncPolicy::Always | SyncPolicy::Batch { .. }) => held.0.push((job.reply, result)),

@@ -78,6 +78,9 @@ pub struct Core {
     writer: Mutex<Option<JoinHandle<()>>>,
     queries: Batcher,
     read_only: bool,
+    /// The bank's dimension, fixed at its creation: request checks read it
+    /// here rather than wait for the bank's lock while a round is applied.
+    dim: u32,
 }
 
 impl Core {
@@ -99,6 +102,7 @@ impl Core {
     /// bank's checkpoints (`commit::checkpoint_beside_queries`).
     pub fn serve(mut bank: Bank, policy: SyncPolicy, threads: usize) -> Result<Arc<Core>, BankError> {
         let read_only = bank.sync_policy().is_none();
+        let dim = bank.dim_count();
         bank.set_query_threads(threads);
         bank.defer_checkpoints();
         let (changes, _) = watch::channel(ChangeEvent {
@@ -124,11 +128,17 @@ impl Core {
             writer: Mutex::new(Some(writer)),
             queries: Batcher::default(),
             read_only,
+            dim,
         }))
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.shared.metrics
+    }
+
+    /// The bank's dimension (without its lock).
+    pub fn dim_count(&self) -> u32 {
+        self.dim
     }
 
     pub fn read_only(&self) -> bool {
@@ -330,22 +340,22 @@ impl OptionsKey {
     }
 }
 
-/// One write against the bank (no fsync: the round does that).
-pub(super) fn apply(bank: &mut Bank, op: &WriteOp) -> ApiResult<WriteDone> {
+/// One write against the bank (no fsync: the round does that). Takes the
+/// write whole: a node moves into the bank, not a copy of its embedding
+/// made under the exclusive lock.
+pub(super) fn apply(bank: &mut Bank, op: WriteOp) -> ApiResult<WriteDone> {
     let no_sync = Some(SyncPolicy::None);
     match op {
         WriteOp::Insert(node) => {
+            let external_id = node.external_id.clone();
             let ack = bank
-                .insert_with(node.clone(), no_sync)
+                .insert_with(node, no_sync)
                 .map_err(|e| ApiError::from_bank(e, "attach"))?;
-            Ok(WriteDone::Inserted(vec![InsertReply::new(
-                ack,
-                node.external_id.clone(),
-            )]))
+            Ok(WriteDone::Inserted(vec![InsertReply::new(ack, external_id)]))
         }
         WriteOp::Batch(nodes) => {
             let acks = bank
-                .insert_batch(nodes, no_sync)
+                .insert_batch(&nodes, no_sync)
                 .map_err(|e| ApiError::from_bank(e, "nodes"))?;
             let ids = nodes.iter().map(|n| n.external_id.clone());
             Ok(WriteDone::Inserted(
@@ -356,7 +366,7 @@ pub(super) fn apply(bank: &mut Bank, op: &WriteOp) -> ApiResult<WriteDone> {
             ))
         }
         WriteOp::Hit(node) => {
-            let index = bank.resolve(node).map_err(|e| ApiError::from_bank(e, "id"))?;
+            let index = bank.resolve(&node).map_err(|e| ApiError::from_bank(e, "id"))?;
             let ack = bank.success_hit(index).map_err(|e| ApiError::from_bank(e, "id"))?;
             Ok(WriteDone::Hit(ack.into()))
         }
@@ -372,15 +382,15 @@ pub(super) fn apply(bank: &mut Bank, op: &WriteOp) -> ApiResult<WriteDone> {
             Ok(WriteDone::Retrievals(distinct as u32))
         }
         WriteOp::Consolidate(node, fields) => {
-            let index = bank.resolve(node).map_err(|e| ApiError::from_bank(e, "id"))?;
+            let index = bank.resolve(&node).map_err(|e| ApiError::from_bank(e, "id"))?;
             let ack = bank
-                .consolidate(index, fields.clone())
+                .consolidate(index, fields)
                 .map_err(|e| ApiError::from_bank(e, "payload"))?;
             Ok(WriteDone::Consolidated(ack.into()))
         }
         #[cfg(feature = "agent")]
         WriteOp::Transact(changes) => bank
-            .transact(changes, no_sync)
+            .transact(&changes, no_sync)
             .map(WriteDone::Transacted)
             .map_err(|e| ApiError::from_bank(e, "episode")),
     }

@@ -133,7 +133,7 @@ impl Memory for SharedBank {
 
     fn write(&self, op: WriteOp) -> ApiResult<WriteDone> {
         let mut bank = self.open_writer()?;
-        let done = apply(&mut bank, &op)?;
+        let done = apply(&mut bank, op)?;
         bank.sync().map_err(|e| ApiError::from_bank(e, "bank"))?;
         // Dropped without a checkpoint: the WAL holds the write, and the
         // lock is free for the next process at once.

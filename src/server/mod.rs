@@ -19,6 +19,7 @@ pub mod openapi;
 mod routes;
 #[cfg(test)]
 mod tests;
+mod vectors;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

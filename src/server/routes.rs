@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::body::*;
 use super::core::{WriteDone, WriteOp};
 use super::error::{ApiError, ApiResult};
-use super::http::{AppState, JsonBody};
+use super::http::{AppState, JsonBody, VectorBody};
 use crate::bank::{Bank, NodeRef};
 
 use axum::Json;
@@ -147,14 +147,14 @@ fn check_k(k: usize, limits: &super::http::Limits) -> ApiResult<()> {
 async fn query(
     State(state): State<AppState>,
     tree: Result<Path<String>, PathRejection>,
-    JsonBody(request): JsonBody<TreeQuery>,
+    VectorBody(request): VectorBody<TreeQuery>,
 ) -> ApiResult<Json<QueryReply>> {
     let tree = tree_name(tree)?;
     let options = request
         .options(QUERY_DEFAULTS)
         .map_err(|e| ApiError::from_bank(e, "k"))?;
     check_k(options.k, &state.limits)?;
-    let dim = state.core.read()?.dim_count();
+    let dim = state.core.dim_count();
     check_embedding(&request.embedding, dim, "embedding")?;
     let answer = state.core.query(&tree, request.embedding, options);
     let limit = std::time::Duration::from_millis(state.limits.request_ms);
@@ -184,7 +184,7 @@ async fn query_batch(
             ),
         ));
     }
-    let dim = state.core.read()?.dim_count();
+    let dim = state.core.dim_count();
     for (i, e) in embeddings.iter().enumerate() {
         check_embedding(e, dim, &format!("embeddings[{i}]"))?;
     }
@@ -262,14 +262,14 @@ pub fn chain_of(bank: &Bank, node: &NodeRef, render: bool) -> ApiResult<ChainOut
 }
 
 fn check_node(state: &AppState, n: &InsertRequest, field: &str) -> ApiResult<u32> {
-    let dim = state.core.read()?.dim_count();
+    let dim = state.core.dim_count();
     check_embedding(&n.embedding, dim, &format!("{field}embedding"))?;
     Ok(dim)
 }
 
 async fn insert(
     State(state): State<AppState>,
-    JsonBody(request): JsonBody<InsertRequest>,
+    VectorBody(request): VectorBody<InsertRequest>,
 ) -> ApiResult<Json<InsertReply>> {
     check_node(&state, &request, "")?;
     match state.core.write(WriteOp::Insert(request.into())).await? {
