@@ -411,3 +411,56 @@ fn bulk_writes_start_writeback_of_every_data_byte() {
     bank.freeze_into(&target).unwrap();
     assert_hinted(&target.counts(), "freeze");
 }
+
+/// A load hands every vector byte it wrote (and in precision 2 every int8
+/// row) to the storage's cache-drop hint, each only after its file's
+/// fdatasync, and nothing else: rows and payloads stay cached, and a
+/// checkpoint of committed transactions (whose vectors the next scans
+/// read) drops nothing.
+#[test]
+fn a_load_drops_the_cached_pages_of_its_vectors_once_durable() {
+    use deltamem::storage::{CountingStorage, MemStorage};
+    use std::sync::Arc;
+
+    for precision in [Precision::F32, Precision::F16, Precision::Int8] {
+        let storage = Arc::new(CountingStorage::new(MemStorage::new()));
+        let mut bank = Bank::create(storage.clone(), config(precision)).unwrap();
+        storage.reset();
+        bank.load(&inserts(0..23)).unwrap();
+        let counts = storage.counts();
+        let vector_files: Vec<_> = counts
+            .written_bytes
+            .iter()
+            .filter(|(name, _)| name.starts_with("vectors-") || name.starts_with("qvectors-"))
+            .collect();
+        // 23 rows in segments of 5: five vector files (and five int8 ones).
+        let expected = if precision == Precision::Int8 { 10 } else { 5 };
+        assert_eq!(
+            vector_files.len(),
+            expected,
+            "{precision:?}: {:?}",
+            counts.written_bytes
+        );
+        for (name, written) in &vector_files {
+            assert_eq!(counts.dropped_bytes.get(*name), Some(*written), "{precision:?}: {name}");
+        }
+        assert_eq!(
+            counts.dropped_bytes.len(),
+            expected,
+            "{precision:?}: {:?}",
+            counts.dropped_bytes
+        );
+        assert!(counts.dropped_unsynced_bytes.is_empty(), "{precision:?}: {:?}", counts);
+
+        storage.reset();
+        bank.transact(&inserts(23..30), None).unwrap();
+        bank.checkpoint().unwrap();
+        let counts = storage.counts();
+        assert!(counts.written_bytes.keys().any(|n| n.starts_with("vectors-")));
+        assert!(
+            counts.dropped_bytes.is_empty(),
+            "{precision:?}: {:?}",
+            counts.dropped_bytes
+        );
+    }
+}
