@@ -1,7 +1,6 @@
 //! Checkpoint: fold the overlay into the data files, then publish a new
 //! manifest and start a new WAL generation. See FORMAT.md "Checkpoint".
 
-use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -30,19 +29,6 @@ pub(crate) enum Published {
     Yes,
 }
 
-/// What a checkpoint does with the page-cache pages of the new vectors
-/// once they are durable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum VectorPages {
-    /// Keep them cached: the next scans read them (a server's checkpoint).
-    Keep,
-    /// Drop them (`StorageFile::drop_cached`): a bulk load writes more
-    /// vectors than its caller will read soon, and every page it leaves
-    /// cached is memory that the next batch's pages must be found
-    /// elsewhere than in the pages just freed (see `bank/load.rs`).
-    Drop,
-}
-
 /// What `Bank::prepare_checkpoint` wrote: the new nodes' payload records,
 /// vectors and rows, past the checkpoint's bounds (no reader looks there:
 /// readers take those nodes from the overlay) and fsynced. The state it
@@ -68,13 +54,7 @@ impl Bank {
     /// As `checkpoint`; a failure also says whether the new manifest was
     /// published.
     pub(crate) fn checkpoint_reporting(&mut self) -> Result<(), (BankError, Published)> {
-        self.checkpoint_leaving(VectorPages::Keep)
-    }
-
-    /// As `checkpoint_reporting`, saying what happens to the new vectors'
-    /// cached pages once they are durable.
-    pub(crate) fn checkpoint_leaving(&mut self, pages: VectorPages) -> Result<(), (BankError, Published)> {
-        let prepared = self.prepare_leaving(pages);
+        let prepared = self.prepare_checkpoint();
         self.publish_reporting(prepared)
     }
 
@@ -86,12 +66,8 @@ impl Bank {
     /// reader of this handle reads them before that either.
     /// A failure poisons the bank at once.
     pub fn prepare_checkpoint(&self) -> Result<PreparedCheckpoint, BankError> {
-        self.prepare_leaving(VectorPages::Keep)
-    }
-
-    fn prepare_leaving(&self, pages: VectorPages) -> Result<PreparedCheckpoint, BankError> {
         self.check_writable()?;
-        self.write_new_nodes(pages).inspect_err(|e| {
+        self.write_new_nodes().inspect_err(|e| {
             let writer = self.writer.as_ref().expect("checked writable");
             let _ = writer.poisoned_shared.set(format!("checkpoint failed: {e}"));
         })
@@ -101,12 +77,12 @@ impl Bank {
     /// final places and fsyncs those files. New nodes have consecutive
     /// indexes, so each file gets a few large writes, not one per node (a
     /// bulk load writes 10^5 nodes per checkpoint).
-    fn write_new_nodes(&self, pages: VectorPages) -> Result<PreparedCheckpoint, BankError> {
+    fn write_new_nodes(&self) -> Result<PreparedCheckpoint, BankError> {
         let ov = &self.overlay;
         let mut created = false;
         if !ov.rows.is_empty() {
             self.write_payloads()?;
-            let mut segments = SegmentWriter::new(self, pages);
+            let mut segments = SegmentWriter::new(self);
             segments.put_rows(ov.base_count, &ov.rows)?;
             segments.put_vectors(ov.base_count, &ov.vectors)?;
             created = segments.sync_all()?;
@@ -167,7 +143,7 @@ impl Bank {
         let storage = self.storage.clone();
         let mut created = prepared.created;
         if !self.still_holds(&prepared) {
-            created |= self.write_new_nodes(VectorPages::Keep).map_err(before)?.created;
+            created |= self.write_new_nodes().map_err(before)?.created;
         }
         created |= self.write_patched_rows().map_err(before)?;
         if created {
@@ -217,7 +193,7 @@ impl Bank {
     /// their segments; returns whether files were created (never, in
     /// practice: these rows' segments exist).
     fn write_patched_rows(&self) -> Result<bool, BankError> {
-        let mut segments = SegmentWriter::new(self, VectorPages::Keep);
+        let mut segments = SegmentWriter::new(self);
         for row in self.overlay.patched.values() {
             segments.put_rows(row.index, std::slice::from_ref(row))?;
         }
@@ -285,35 +261,16 @@ fn segment_runs(first: u32, count: usize, rows_per_segment: u32, max_rows: usize
 /// Opens (creating at full size when new) and writes segment files.
 struct SegmentWriter<'a> {
     bank: &'a Bank,
-    open: BTreeMap<String, Arc<dyn StorageFile>>,
+    open: std::collections::BTreeMap<String, Arc<dyn StorageFile>>,
     created: bool,
-    pages: VectorPages,
-    /// Byte ranges of vectors written, per file, for `VectorPages::Drop`.
-    vector_ranges: BTreeMap<String, Vec<Range<u64>>>,
 }
 
 impl<'a> SegmentWriter<'a> {
-    fn new(bank: &'a Bank, pages: VectorPages) -> SegmentWriter<'a> {
+    fn new(bank: &'a Bank) -> SegmentWriter<'a> {
         SegmentWriter {
             bank,
             open: Default::default(),
             created: false,
-            pages,
-            vector_ranges: Default::default(),
-        }
-    }
-
-    /// Remembers vector bytes written (merging a range that continues the
-    /// last one), if their pages are to be dropped after the sync.
-    fn note_vectors(&mut self, name: &str, offset_bytes: u64, len_bytes: usize) {
-        if self.pages == VectorPages::Keep {
-            return;
-        }
-        let end = offset_bytes + len_bytes as u64;
-        let ranges = self.vector_ranges.entry(name.to_string()).or_default();
-        match ranges.last_mut() {
-            Some(last) if last.end == offset_bytes => last.end = end,
-            _ => ranges.push(offset_bytes..end),
         }
     }
 
@@ -376,7 +333,6 @@ impl<'a> SegmentWriter<'a> {
             let values = &vectors[range.start * dim..range.end * dim];
             let name = vector_segment_file(m.generation, segment);
             let offset = u64::from(slot) * stride as u64;
-            self.note_vectors(&name, offset, range.len() * stride);
             if as_is {
                 self.write(name, size, bytemuck::cast_slice(values), offset)?;
             } else {
@@ -396,24 +352,16 @@ impl<'a> SegmentWriter<'a> {
                 }
                 let qsize = u64::from(m.rows_per_segment) * qstride as u64;
                 let name = qvector_segment_file(m.generation, segment);
-                let offset = u64::from(slot) * qstride as u64;
-                self.note_vectors(&name, offset, bytes.len());
-                self.write(name, qsize, &bytes, offset)?;
+                self.write(name, qsize, &bytes, u64::from(slot) * qstride as u64)?;
             }
         }
         Ok(())
     }
 
-    /// Fsyncs every file written; then, for `VectorPages::Drop`, drops
-    /// the cached pages of the vectors (durable by then: a page is only
-    /// dropped after its file's fdatasync returned).
     fn sync_all(self) -> Result<bool, BankError> {
         for (name, file) in &self.open {
             file.sync_data()
                 .map_err(StorageError::io("fsync", self.bank.storage.describe(name)))?;
-            for range in self.vector_ranges.get(name).into_iter().flatten() {
-                file.drop_cached(range.start, range.end - range.start);
-            }
         }
         Ok(self.created)
     }

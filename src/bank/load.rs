@@ -5,18 +5,8 @@
 //! copied into a record body on the way; a load stages the nodes in the
 //! overlay exactly like a transaction and checkpoints at once, so each
 //! vector is written once, in large writes, straight to its segment.
-//!
-//! Once a load's vectors are durable their page-cache pages are dropped
-//! (`VectorPages::Drop`, `StorageFile::drop_cached`): a load writes far
-//! more vectors than anyone reads right away (1M x 768 f32 is 3 GB), and
-//! pages kept cached make every later batch allocate fresh memory for its
-//! pages instead of reusing the ones just freed. On the 2-core test VM,
-//! whose fresh memory is slow to touch the first time, this cut an
-//! import's system time from 6.0-10.5 s to 1.3-1.8 s for 1M x 768 f32.
-//! The price: the first scan after a load reads the vectors from the disk.
-//! Rows and payload records stay cached (`stats` and row reads use them).
 
-use super::checkpoint::{Published, VectorPages};
+use super::checkpoint::Published;
 use super::mutate::set_lsn;
 use super::{Bank, BankError, Change, ChangeAck};
 
@@ -66,7 +56,7 @@ impl Bank {
         let lsn = self.last_lsn();
         // Any failure poisons the bank (the checkpoint's rule); what the
         // handle shows afterwards follows what is on disk.
-        match self.checkpoint_leaving(VectorPages::Drop) {
+        match self.checkpoint_reporting() {
             Ok(()) => {}
             Err((e, Published::No)) => {
                 // Not on disk, and no WAL record to bring it back: take it

@@ -1,10 +1,9 @@
-//! A wrapper that counts the bytes read and written, the writeback and
-//! cache-drop hints and the files mapped per file name,
+//! A wrapper that counts the bytes read and written, the writeback hints
+//! and the files mapped per file name,
 //! so tests can prove what an operation (such as open) touches.
 
 use std::collections::BTreeMap;
 use std::io;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
 use super::{Mapping, OpenMode, Storage, StorageError, StorageFile};
@@ -19,11 +18,6 @@ pub struct IoCounts {
     pub written_bytes: BTreeMap<String, u64>,
     /// Bytes covered by `start_writeback` hints, per file name.
     pub writeback_bytes: BTreeMap<String, u64>,
-    /// Bytes covered by `drop_cached` hints, per file name.
-    pub dropped_bytes: BTreeMap<String, u64>,
-    /// Of those, bytes dropped while the file had writes not yet followed
-    /// by a `sync_data` (a caller bug: it must drop only durable bytes).
-    pub dropped_unsynced_bytes: BTreeMap<String, u64>,
 }
 
 pub struct CountingStorage<S> {
@@ -52,8 +46,6 @@ struct CountingFile {
     name: String,
     inner: Arc<dyn StorageFile>,
     counts: Arc<Mutex<IoCounts>>,
-    /// A write since the last `sync_data` (through this handle).
-    unsynced: std::sync::atomic::AtomicBool,
 }
 
 impl CountingFile {
@@ -72,34 +64,16 @@ impl StorageFile for CountingFile {
         Ok(())
     }
     fn write_all_at(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
-        self.unsynced.store(true, Relaxed);
         self.inner.write_all_at(buf, offset_bytes)?;
         self.add(|c| &mut c.written_bytes, buf.len() as u64);
         Ok(())
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.inner.sync_data()?;
-        self.unsynced.store(false, Relaxed);
-        Ok(())
-    }
-    fn len_bytes(&self) -> io::Result<u64> {
-        self.inner.len_bytes()
-    }
-    fn set_len(&self, len_bytes: u64) -> io::Result<()> {
-        self.inner.set_len(len_bytes)
-    }
-    fn drop_cached(&self, offset_bytes: u64, len_bytes: u64) {
-        self.inner.drop_cached(offset_bytes, len_bytes);
-        self.add(|c| &mut c.dropped_bytes, len_bytes);
-        if self.unsynced.load(Relaxed) {
-            self.add(|c| &mut c.dropped_unsynced_bytes, len_bytes);
-        }
     }
     fn start_writeback(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
         self.inner.start_writeback(offset_bytes, len_bytes)?;
         self.add(|c| &mut c.writeback_bytes, len_bytes);
         Ok(())
     }
+    super::forward_size_ops!();
     fn map(&self) -> io::Result<Mapping> {
         self.add(|c| &mut c.maps, 1);
         self.inner.map()
@@ -113,7 +87,6 @@ impl<S: Storage> Storage for CountingStorage<S> {
             name: name.to_string(),
             inner,
             counts: self.counts.clone(),
-            unsynced: Default::default(),
         }))
     }
     super::forward_directory_ops!();

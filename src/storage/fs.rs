@@ -69,10 +69,6 @@ impl StorageFile for RealFile {
         start_writeback(&self.file, offset_bytes, len_bytes)
     }
 
-    fn drop_cached(&self, offset_bytes: u64, len_bytes: u64) {
-        drop_cached(&self.file, offset_bytes, len_bytes);
-    }
-
     fn map(&self) -> io::Result<Mapping> {
         if self.len_bytes()? == 0 {
             return Ok(Mapping::new(Arc::new(EmptyMap)));
@@ -136,24 +132,6 @@ fn start_writeback(file: &File, offset_bytes: u64, len_bytes: u64) -> io::Result
         _ => Err(error),
     }
 }
-
-/// `posix_fadvise(POSIX_FADV_DONTNEED)`: frees the range's clean
-/// page-cache pages (pages still mapped by some process stay). The answer
-/// is ignored: the call only reports bad arguments (EBADF, EINVAL, ESPIPE),
-/// and a refused hint leaves the pages cached, which is harmless.
-#[cfg(target_os = "linux")]
-fn drop_cached(file: &File, offset_bytes: u64, len_bytes: u64) {
-    use std::os::fd::AsRawFd;
-    let (Ok(offset), Ok(len)) = (i64::try_from(offset_bytes), i64::try_from(len_bytes)) else {
-        return;
-    };
-    // SAFETY: the call takes integers only and touches no memory of this
-    // process; the descriptor stays open for the call (`file` is borrowed).
-    let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), offset, len, libc::POSIX_FADV_DONTNEED) };
-}
-
-#[cfg(not(target_os = "linux"))]
-fn drop_cached(_file: &File, _offset_bytes: u64, _len_bytes: u64) {}
 
 /// Elsewhere there is no portable equivalent; the hint does nothing.
 #[cfg(not(target_os = "linux"))]

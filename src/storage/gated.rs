@@ -116,9 +116,6 @@ impl StorageFile for GatedFile {
     fn start_writeback(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
         self.inner.start_writeback(offset_bytes, len_bytes)
     }
-    fn drop_cached(&self, offset_bytes: u64, len_bytes: u64) {
-        self.inner.drop_cached(offset_bytes, len_bytes)
-    }
     super::forward_size_ops!();
     fn map(&self) -> io::Result<Mapping> {
         self.inner.map()

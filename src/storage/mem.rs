@@ -92,9 +92,6 @@ impl StorageFile for MemFile {
         Ok(())
     }
 
-    /// Memory has no cache to drop.
-    fn drop_cached(&self, _offset_bytes: u64, _len_bytes: u64) {}
-
     fn map(&self) -> io::Result<Mapping> {
         Ok(super::snapshot::snapshot(&self.bytes.lock().unwrap()))
     }

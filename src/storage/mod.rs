@@ -157,14 +157,6 @@ pub trait StorageFile: Send + Sync {
     /// a memory-capped cgroup) to flush at once. An error is an I/O
     /// failure like a failed write.
     fn start_writeback(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()>;
-    /// Tells the OS that `len_bytes` at `offset_bytes`, already made
-    /// durable by `sync_data`, will not be read soon, so their page-cache
-    /// pages may be freed now (Linux: `posix_fadvise(POSIX_FADV_DONTNEED)`).
-    /// A hint that changes no byte and nothing about durability: a later
-    /// read or mapping sees the same bytes, read back from the disk. A
-    /// bulk load calls it for the vectors it wrote (see `bank/load.rs`).
-    /// Infallible: if the OS refuses, the pages merely stay cached.
-    fn drop_cached(&self, offset_bytes: u64, len_bytes: u64);
     /// Maps the whole file as it is now, read only. The engine maps only
     /// fixed-size segments, so a mapping is never invalidated by growth.
     fn map(&self) -> io::Result<Mapping>;

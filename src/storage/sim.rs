@@ -359,9 +359,6 @@ impl StorageFile for SimFile {
         }
     }
 
-    /// The simulator has no page cache: no operation, no crash point.
-    fn drop_cached(&self, _offset_bytes: u64, _len_bytes: u64) {}
-
     fn map(&self) -> io::Result<Mapping> {
         Ok(super::snapshot::snapshot(
             &self.state.lock().unwrap().inodes[self.inode].volatile,
