@@ -438,7 +438,7 @@ mod tests {
             let bytes = chunk_rows(stride) * stride;
             assert_eq!(bytes % HUGE, 0, "stride {stride}");
             assert!(
-                bytes >= WRITE_CHUNK_BYTES && bytes <= 2 * WRITE_CHUNK_BYTES,
+                (WRITE_CHUNK_BYTES..=2 * WRITE_CHUNK_BYTES).contains(&bytes),
                 "stride {stride}"
             );
         }
