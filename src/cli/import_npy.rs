@@ -146,17 +146,14 @@ fn read_batch(
 /// rules (`Bank::check_insert`, external ids against each other too);
 /// returns the problems.
 fn precheck(args: &ImportArgs, npy: &Path, bank: &Bank, progress: &Progress) -> anyhow::Result<(Vec<String>, u64)> {
-    let mut reader = NpyRowReader::open(npy)?;
-    let mut metas = MetaLines::open(args.meta.as_deref())?;
+    let reader = NpyRowReader::open(npy)?;
+    let metas = MetaLines::open(args.meta.as_deref())?;
     let (mut shown, mut total) = (Vec::new(), 0u64);
     let mut pending = PendingIds::default();
     let dim = reader.info().dim_count;
-    let mut column = Vec::new();
-    loop {
-        let batch = read_batch(args, npy, &mut reader, &mut metas, column, true)?;
-        if batch.nodes.is_empty() {
-            return Ok((shown, total));
-        }
+    // The reader thread reads rows and checks their values; this one
+    // runs the bank's rules on them.
+    for_each_batch(args, npy, reader, metas, true, |batch, rows_read| {
         for (k, (row, node)) in batch.nodes.iter().enumerate() {
             let vector = &batch.column[k * dim..(k + 1) * dim];
             let problem = match node {
@@ -171,9 +168,52 @@ fn precheck(args: &ImportArgs, npy: &Path, bank: &Bank, progress: &Progress) -> 
                 shown.push(row_message(npy, args.meta.as_deref(), *row, &problem));
             }
         }
-        progress.set(reader.rows_read());
-        column = batch.column;
-    }
+        progress.set(rows_read);
+        Ok(batch.column)
+    })?;
+    Ok((shown, total))
+}
+
+/// Runs `store` on every batch of the matrix in order, on this thread,
+/// while a second thread reads and decodes the next batch (reading and
+/// building nodes is a third of an import's work; two stages on two
+/// cores). `store` gets the batch and the rows read so far, and returns
+/// the column for reuse: at most three are alive (one being stored, one
+/// queued, one being read), and a fresh one costs its page faults again.
+/// `check_rows`: the reader checks each row's values (`row_problem`).
+fn for_each_batch(
+    args: &ImportArgs,
+    npy: &Path,
+    mut reader: NpyRowReader,
+    mut metas: MetaLines,
+    check_rows: bool,
+    mut store: impl FnMut(Batch, u64) -> anyhow::Result<Vec<f32>>,
+) -> anyhow::Result<()> {
+    std::thread::scope(|scope| {
+        let (full_tx, full_rx) = std::sync::mpsc::sync_channel(1);
+        let (empty_tx, empty_rx) = std::sync::mpsc::channel::<Vec<f32>>();
+        scope.spawn(move || {
+            loop {
+                let column = empty_rx.try_recv().unwrap_or_default();
+                let batch = read_batch(args, npy, &mut reader, &mut metas, column, check_rows);
+                let last = !matches!(&batch, Ok(b) if !b.nodes.is_empty());
+                // A closed channel means the consumer stopped on an error.
+                if full_tx.send(batch.map(|b| (b, reader.rows_read()))).is_err() || last {
+                    return;
+                }
+            }
+        });
+        for item in full_rx {
+            let (batch, rows_read) = item?;
+            if batch.nodes.is_empty() {
+                break;
+            }
+            let column = store(batch, rows_read)?;
+            // The reader may have finished: then the column is dropped.
+            let _ = empty_tx.send(column);
+        }
+        Ok(())
+    })
 }
 
 #[derive(Serialize)]
@@ -333,7 +373,7 @@ fn check_shapes(args: &ImportArgs, npy: &Path, bank: &Bank) -> anyhow::Result<Np
 type Stdout = std::io::BufWriter<std::io::StdoutLock<'static>>;
 
 fn import_rows(args: &ImportArgs, npy: &Path, quiet: bool, bank: &mut Bank) -> anyhow::Result<Session<Stdout>> {
-    let mut reader = check_shapes(args, npy, bank)?;
+    let reader = check_shapes(args, npy, bank)?;
     let total = reader.info().row_count;
     let mut session = Session {
         out: super::stdout(),
@@ -363,44 +403,21 @@ fn import_rows(args: &ImportArgs, npy: &Path, quiet: bool, bank: &mut Bank) -> a
         }
     }
     let progress = Progress::bar(total, "rows", quiet);
-    let mut metas = MetaLines::open(args.meta.as_deref())?;
+    let metas = MetaLines::open(args.meta.as_deref())?;
     let ctx = Ctx {
         npy,
         meta: args.meta.as_deref(),
         progress: &progress,
         load: args.batch >= LOAD_MIN_BATCH_ROWS,
     };
-    // Two stages on two cores: this thread stores batch k while a reader
-    // decodes batch k+1 (reading and building nodes is a third of the
-    // work). Columns go back to the reader for reuse; at most three are
-    // alive (one being stored, one queued, one being read).
-    std::thread::scope(|scope| {
-        let (full_tx, full_rx) = std::sync::mpsc::sync_channel(1);
-        let (empty_tx, empty_rx) = std::sync::mpsc::channel::<Vec<f32>>();
-        scope.spawn(move || {
-            loop {
-                let column = empty_rx.try_recv().unwrap_or_default();
-                let batch = read_batch(args, npy, &mut reader, &mut metas, column, args.keep_going);
-                let last = !matches!(&batch, Ok(b) if !b.nodes.is_empty());
-                // A closed channel means the writer stopped on an error.
-                if full_tx.send(batch.map(|b| (b, reader.rows_read()))).is_err() || last {
-                    return;
-                }
-            }
-        });
-        for item in full_rx {
-            let (batch, rows_read) = item?;
-            if batch.nodes.is_empty() {
-                break;
-            }
-            session.store(bank, batch.nodes, &batch.column, &ctx)?;
-            session.flush_ready(bank.durable_below_lsn())?;
-            progress.set(rows_read);
-            // The reader may have finished: then the column is dropped.
-            let _ = empty_tx.send(batch.column);
-        }
-        Ok(session)
-    })
+    // The precheck checked every row's values already.
+    for_each_batch(args, npy, reader, metas, args.keep_going, |batch, rows_read| {
+        session.store(bank, batch.nodes, &batch.column, &ctx)?;
+        session.flush_ready(bank.durable_below_lsn())?;
+        progress.set(rows_read);
+        Ok(batch.column)
+    })?;
+    Ok(session)
 }
 
 /// An input that can be read a second time: the file itself, or for a

@@ -185,15 +185,27 @@ pub trait Storage: Send + Sync {
 pub const BULK_WRITE_PIECE_BYTES: usize = 4 << 20;
 
 /// Writes `bytes` at `offset_bytes` for a bulk path (checkpoint segments
-/// and payloads, compact, freeze): in pieces of `BULK_WRITE_PIECE_BYTES`,
-/// each handed to [`StorageFile::start_writeback`] once written. The
-/// caller's later `sync_data` is still what makes the bytes durable.
+/// and payloads, compact, freeze): in pieces of at most
+/// `BULK_WRITE_PIECE_BYTES` that end on multiples of it in the file, each
+/// handed to [`StorageFile::start_writeback`] once written. The caller's
+/// later `sync_data` is still what makes the bytes durable.
+///
+/// Why aligned: a buffered write fills the page cache with folios no
+/// larger than the aligned blocks it covers whole, and a 2 MiB folio is
+/// what a later process maps with one page-table entry instead of 32
+/// faults of 64 KiB. A piece that straddles an aligned 2 MiB block leaves
+/// it in small folios.
 pub fn write_bulk_at(file: &dyn StorageFile, bytes: &[u8], offset_bytes: u64) -> io::Result<()> {
+    let piece_bytes = BULK_WRITE_PIECE_BYTES as u64;
     let mut at = offset_bytes;
-    for piece in bytes.chunks(BULK_WRITE_PIECE_BYTES) {
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let to_boundary = piece_bytes - at % piece_bytes;
+        let (piece, next) = rest.split_at(rest.len().min(to_boundary as usize));
         file.write_all_at(piece, at)?;
         file.start_writeback(at, piece.len() as u64)?;
         at += piece.len() as u64;
+        rest = next;
     }
     Ok(())
 }
@@ -297,4 +309,73 @@ pub fn replace_atomically_reporting(
     storage
         .sync_dir()
         .map_err(|e| (StorageError::io("fsync directory", storage.describe("."))(e), true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Records the (offset, length) of every write and writeback hint.
+    #[derive(Default)]
+    struct Pieces {
+        writes: Mutex<Vec<(u64, u64)>>,
+        hints: Mutex<Vec<(u64, u64)>>,
+    }
+
+    impl StorageFile for Pieces {
+        fn read_exact_at(&self, _buf: &mut [u8], _offset_bytes: u64) -> io::Result<()> {
+            unimplemented!("not read")
+        }
+        fn write_all_at(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
+            self.writes.lock().unwrap().push((offset_bytes, buf.len() as u64));
+            Ok(())
+        }
+        fn len_bytes(&self) -> io::Result<u64> {
+            Ok(0)
+        }
+        fn set_len(&self, _len_bytes: u64) -> io::Result<()> {
+            Ok(())
+        }
+        fn sync_data(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn start_writeback(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+            self.hints.lock().unwrap().push((offset_bytes, len_bytes));
+            Ok(())
+        }
+        fn map(&self) -> io::Result<Mapping> {
+            unimplemented!("not mapped")
+        }
+    }
+
+    /// Bulk pieces cover the bytes in order, each hinted, none longer than
+    /// a piece, and none crossing a multiple of the piece size in the file
+    /// (so whole aligned blocks are written by one write each).
+    #[test]
+    fn bulk_pieces_end_on_aligned_boundaries() {
+        let piece = BULK_WRITE_PIECE_BYTES as u64;
+        for (start, len) in [
+            (0u64, 9 * piece as usize + 5),
+            (3 * piece / 4 + 7, 2 * piece as usize),
+            (piece - 1, 2),
+        ] {
+            let file = Pieces::default();
+            write_bulk_at(&file, &vec![0u8; len], start).unwrap();
+            let writes = file.writes.lock().unwrap().clone();
+            assert_eq!(writes, *file.hints.lock().unwrap());
+            let mut at = start;
+            for &(offset, n) in &writes {
+                assert_eq!(offset, at, "{writes:?}");
+                assert!(n > 0 && n <= piece, "{writes:?}");
+                assert_eq!(
+                    offset / piece,
+                    (offset + n - 1) / piece,
+                    "piece crosses a boundary: {writes:?}"
+                );
+                at += n;
+            }
+            assert_eq!(at, start + len as u64);
+        }
+    }
 }
