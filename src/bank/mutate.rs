@@ -8,7 +8,7 @@ use super::scan::QueryOptions;
 use super::{Bank, BankError, ExternalKey, NodeRef, SyncPolicy, external_key};
 use crate::format::payload::{Payload, encode_record};
 use crate::format::row::{FLAG_CONSOLIDATED, FLAG_CONSOLIDATED_ROOT, Label, NodeType, Row, encode_external_id};
-use crate::format::wal::{WalOp, encode_ops_into};
+use crate::format::wal::{RECORD_HEADER_SIZE_BYTES, WalOp, encode_ops_into, encode_put_node_into};
 use crate::format::{MAX_PAYLOAD_BYTES, NODE_NONE};
 use crate::tree::{self, MatchedNode, Placement};
 
@@ -81,9 +81,11 @@ pub enum ChangeAck {
 /// A transaction being staged: its encoded ops and how to undo them.
 #[derive(Default)]
 pub(super) struct Txn {
-    /// Whether `body` is built (not for a load, which skips the WAL).
+    /// Whether `record` is built (not for a load, which skips the WAL).
     encode: bool,
-    body: Vec<u8>,
+    /// The WAL record being built: `RECORD_HEADER_SIZE_BYTES` of room for
+    /// its header (filled in by the append), then the encoded ops.
+    record: Vec<u8>,
     op_count: usize,
     pub(super) undo: Vec<super::overlay::Mark>,
     pub(super) acks: Vec<ChangeAck>,
@@ -106,12 +108,21 @@ pub struct ConsolidateAck {
     pub lsn: u64,
 }
 
-/// What `check_content` found a new node's fields to be.
+/// What `check_content` found a new node's fields to be (its stored
+/// vector goes into the caller's buffer).
 struct Content {
     tree: u16,
-    vector: Vec<f32>,
     external_id: [u8; 16],
     id_flags: u8,
+}
+
+/// A new node built by `prepare_insert`: its row, payload record, ack and
+/// external id key (its vector is in the caller's buffer).
+struct Prepared {
+    row: Row,
+    payload_record: Vec<u8>,
+    ack: InsertAck,
+    key: Option<ExternalKey>,
 }
 
 /// External ids of nodes checked by [`Bank::check_insert`] and not yet
@@ -124,6 +135,14 @@ pub struct PendingIds {
 
 /// Checks and L2-normalises an embedding.
 pub(crate) fn normalise(embedding: &[f32], dim_count: u32) -> Result<Vec<f32>, BankError> {
+    let mut out = Vec::new();
+    normalise_into(embedding, dim_count, &mut out)?;
+    Ok(out)
+}
+
+/// As `normalise`, into `out` (replacing what it held): an insert reuses
+/// one buffer instead of allocating a vector per node.
+pub(crate) fn normalise_into(embedding: &[f32], dim_count: u32, out: &mut Vec<f32>) -> Result<(), BankError> {
     if embedding.len() != dim_count as usize {
         return Err(BankError::DimensionMismatch {
             expected: dim_count,
@@ -147,7 +166,9 @@ pub(crate) fn normalise(embedding: &[f32], dim_count: u32) -> Result<Vec<f32>, B
     // x86-64 target, and it differs from dividing only when a quotient
     // falls within ~2^-52 of an f32 rounding boundary (then by one ulp).
     let scale = 1.0 / norm;
-    Ok(embedding.iter().map(|x| (f64::from(*x) * scale) as f32).collect())
+    out.clear();
+    out.extend(embedding.iter().map(|x| (f64::from(*x) * scale) as f32));
+    Ok(())
 }
 
 /// Sum of squares in f64 with eight independent accumulators, so the
@@ -173,13 +194,17 @@ impl Bank {
 
     /// Inserts one node; `sync` overrides the bank's policy for this call.
     pub fn insert_with(&mut self, node: NewNode, sync: Option<SyncPolicy>) -> Result<InsertAck, BankError> {
-        self.check_writable()?;
-        let (op, mut ack, key) = self.prepare_insert(&node, &node.embedding)?;
-        ack.lsn = self.commit(vec![op], sync)?;
-        if let Some(key) = key {
-            self.with_external_ids(|ids| ids.insert(key, ack.id))?;
+        // A transaction of one: the same staging, checks and record as a
+        // batch (an error is the node's own, not a batch item's).
+        let change = Change::Insert(node);
+        match self.transact(std::slice::from_ref(&change), sync) {
+            Ok(mut acks) => match acks.pop() {
+                Some(ChangeAck::Inserted(ack)) => Ok(ack),
+                other => unreachable!("an insert is acked as inserted, not {other:?}"),
+            },
+            Err(BankError::BatchItem { error, .. }) => Err(*error),
+            Err(e) => Err(e),
         }
-        Ok(ack)
     }
 
     /// Inserts many nodes as one WAL record: all or none, one write and at
@@ -199,18 +224,38 @@ impl Bank {
     /// counts of the chains it used and its success hits). Each change sees
     /// the ones before it. An error names the change's position.
     pub fn transact(&mut self, changes: &[Change], sync: Option<SyncPolicy>) -> Result<Vec<ChangeAck>, BankError> {
+        self.transact_staged(changes, None, sync)
+    }
+
+    /// As [`Bank::transact`], with the inserts' embeddings given as one
+    /// row-major column (`changes.len() * dim_count` floats, row k for
+    /// change k, whatever the change) instead of one `Vec` per node, whose
+    /// `embedding` must then be empty: spares a batch from an array (the
+    /// Python binding's `insert_many`) one allocation and copy per row.
+    pub fn transact_column(
+        &mut self,
+        changes: &[Change],
+        column: &[f32],
+        sync: Option<SyncPolicy>,
+    ) -> Result<Vec<ChangeAck>, BankError> {
+        check_column(changes, column, self.manifest.dim_count)?;
+        self.transact_staged(changes, Some(column), sync)
+    }
+
+    fn transact_staged(
+        &mut self,
+        changes: &[Change],
+        column: Option<&[f32]>,
+        sync: Option<SyncPolicy>,
+    ) -> Result<Vec<ChangeAck>, BankError> {
         self.check_writable()?;
-        let mut txn = self.stage_all(changes, None, true)?;
+        let mut txn = self.stage_all(changes, column, true)?;
         if txn.op_count == 0 {
+            self.keep_record_buffer(txn.record);
             return Ok(txn.acks);
         }
-        let logged = self.log(txn.op_count as u16, &txn.body, txn.undo, sync);
-        if let Some(w) = self.writer.as_mut()
-            && txn.body.capacity() <= super::KEPT_TXN_BODY_BYTES
-        {
-            txn.body.clear();
-            w.txn_body = txn.body;
-        }
+        let logged = self.log(txn.op_count as u16, &mut txn.record, txn.undo, sync);
+        self.keep_record_buffer(txn.record);
         let lsn = match logged {
             Ok(lsn) => lsn,
             Err(e) => {
@@ -240,14 +285,13 @@ impl Bank {
         column: Option<&[f32]>,
         encode: bool,
     ) -> Result<Txn, BankError> {
-        let body = match (encode, self.writer.as_mut()) {
-            (true, Some(w)) => std::mem::take(&mut w.txn_body),
-            _ => Vec::new(),
+        let record = match encode {
+            true => self.record_buffer(),
+            false => Vec::new(),
         };
-        assert!(body.is_empty());
         let mut txn = Txn {
             encode,
-            body,
+            record,
             ..Txn::default()
         };
         let dim = self.manifest.dim_count as usize;
@@ -266,42 +310,107 @@ impl Bank {
 
     /// Builds, encodes and applies (undoably) the ops of one change.
     fn stage(&mut self, change: &Change, embedding: Option<&[f32]>, txn: &mut Txn) -> Result<(), BankError> {
-        let (ops, ack, key) = match change {
-            Change::Insert(node) => {
-                let (op, ack, key) = self.prepare_insert(node, embedding.unwrap_or(&node.embedding))?;
-                (vec![op], ChangeAck::Inserted(ack), key)
-            }
-            Change::Import(node, state) => {
-                let (mut op, ack, key) = self.prepare_insert(node, embedding.unwrap_or(&node.embedding))?;
-                apply_imported_state(&mut op, state)?;
-                (vec![op], ChangeAck::Inserted(ack), key)
-            }
+        let (ops, ack) = match change {
+            Change::Insert(node) => return self.stage_node(node, None, embedding, txn),
+            Change::Import(node, state) => return self.stage_node(node, Some(state), embedding, txn),
             Change::SuccessHit(index) => {
                 let (op, ack) = self.prepare_hit(*index)?;
-                (vec![op], ChangeAck::Hit(ack), None)
+                (vec![op], ChangeAck::Hit(ack))
             }
             Change::Retrievals(indexes) => {
                 let ops = self.prepare_retrievals(indexes)?;
                 let ack = ChangeAck::Retrieved {
                     nodes: ops.len() as u32,
                 };
-                (ops, ack, None)
+                (ops, ack)
             }
         };
         txn.op_count += ops.len();
         if txn.encode {
-            encode_ops_into(&ops, &mut txn.body);
-            check_record_size(txn.op_count, txn.body.len())?;
+            encode_ops_into(&ops, &mut txn.record);
+            check_record_size(txn.op_count, txn.record.len() - RECORD_HEADER_SIZE_BYTES)?;
         }
         txn.undo.push(self.apply_txn_undoable(ops)?);
-        if let (Some(key), ChangeAck::Inserted(a)) = (key, &ack) {
-            // Visible at once, so a duplicate later in the batch is caught.
-            txn.keys.push(key);
-            let id = a.id;
-            self.with_external_ids(|ids| ids.insert(key, id))?;
-        }
         txn.acks.push(ack);
         Ok(())
+    }
+
+    /// Stages one new node: built, encoded and applied straight from its
+    /// parts, its vector normalised into the writer's reused buffer (a
+    /// batch of inserts allocates no vector per node and copies each only
+    /// into the record and the overlay).
+    fn stage_node(
+        &mut self,
+        node: &NewNode,
+        imported: Option<&ImportedState>,
+        embedding: Option<&[f32]>,
+        txn: &mut Txn,
+    ) -> Result<(), BankError> {
+        let mut vector = self
+            .writer
+            .as_mut()
+            .map(|w| std::mem::take(&mut w.vector_buffer))
+            .unwrap_or_default();
+        let staged = self.stage_node_in(node, imported, embedding.unwrap_or(&node.embedding), &mut vector, txn);
+        if let Some(w) = self.writer.as_mut() {
+            w.vector_buffer = vector;
+        }
+        staged
+    }
+
+    fn stage_node_in(
+        &mut self,
+        node: &NewNode,
+        imported: Option<&ImportedState>,
+        embedding: &[f32],
+        vector: &mut Vec<f32>,
+        txn: &mut Txn,
+    ) -> Result<(), BankError> {
+        let Prepared {
+            mut row,
+            payload_record,
+            ack,
+            key,
+        } = self.prepare_insert(node, embedding, vector)?;
+        if let Some(state) = imported {
+            apply_imported_state(&mut row, state)?;
+        }
+        txn.op_count += 1;
+        if txn.encode {
+            encode_put_node_into(&row, vector, &payload_record, &mut txn.record);
+            check_record_size(txn.op_count, txn.record.len() - RECORD_HEADER_SIZE_BYTES)?;
+        }
+        txn.undo.push(self.apply_prepared_node(row, vector, payload_record)?);
+        if let Some(key) = key {
+            // Visible at once, so a duplicate later in the batch is caught.
+            txn.keys.push(key);
+            self.with_external_ids(|ids| ids.insert(key, ack.id))?;
+        }
+        txn.acks.push(ChangeAck::Inserted(ack));
+        Ok(())
+    }
+
+    /// The writer's kept buffer (see `Writer::record_buffer`), emptied
+    /// but for room for a WAL record header.
+    pub(super) fn record_buffer(&mut self) -> Vec<u8> {
+        let mut record = self
+            .writer
+            .as_mut()
+            .map(|w| std::mem::take(&mut w.record_buffer))
+            .unwrap_or_default();
+        record.clear();
+        record.resize(RECORD_HEADER_SIZE_BYTES, 0);
+        record
+    }
+
+    /// Keeps a record buffer for the next transaction, up to
+    /// `KEPT_RECORD_BYTES` of capacity.
+    pub(super) fn keep_record_buffer(&mut self, record: Vec<u8>) {
+        if let Some(w) = self.writer.as_mut()
+            && record.capacity() <= super::KEPT_RECORD_BYTES
+        {
+            w.record_buffer = record;
+        }
     }
 
     fn forget_external_ids(&self, keys: &[ExternalKey]) -> Result<(), BankError> {
@@ -315,25 +424,20 @@ impl Bank {
     /// Validates a node and builds its op against the current state,
     /// without changing anything. The ack's lsn is filled in by the caller.
     /// `embedding` is the node's own or its row of a load's column.
-    fn prepare_insert(
-        &self,
-        node: &NewNode,
-        embedding: &[f32],
-    ) -> Result<(WalOp, InsertAck, Option<ExternalKey>), BankError> {
+    fn prepare_insert(&self, node: &NewNode, embedding: &[f32], vector: &mut Vec<f32>) -> Result<Prepared, BankError> {
         let Content {
             tree,
-            vector,
             external_id,
             id_flags,
-        } = self.check_content(node, embedding)?;
-        let (placement, matched) = self.placement(tree, &node.tree, &node.attach, &vector)?;
+        } = self.check_content(node, embedding, vector)?;
+        let (placement, matched) = self.placement(tree, &node.tree, &node.attach, vector)?;
         let index = self.node_count();
         let payload_record = encode_record(index, &node.payload);
         let (node_type, parent, depth) = match placement {
             Placement::Root => (NodeType::Root, None, 1),
             Placement::Residual { parent, depth } => (NodeType::Residual, Some(parent), depth),
         };
-        let checks = self.vector_checks(&vector).expect("storable_vector made it exact");
+        let checks = self.vector_checks(vector).expect("storable_vector made it exact");
         let row = Row {
             index,
             parent: parent.unwrap_or(NODE_NONE),
@@ -363,23 +467,21 @@ impl Bank {
             lsn: 0,
         };
         let key = (id_flags != 0).then_some(external_key(external_id, id_flags));
-        Ok((
-            WalOp::PutNode {
-                row,
-                vector,
-                payload_record,
-            },
+        Ok(Prepared {
+            row,
+            payload_record,
             ack,
             key,
-        ))
+        })
     }
 
     /// The rules a new node meets wherever it goes: a known tree, a
     /// storable vector, a scenario, the payload limit and a free, well
     /// formed external id. Shared by every write and by `check_insert`.
-    fn check_content(&self, node: &NewNode, embedding: &[f32]) -> Result<Content, BankError> {
+    fn check_content(&self, node: &NewNode, embedding: &[f32], vector: &mut Vec<f32>) -> Result<Content, BankError> {
         let tree = self.tree_index(&node.tree)?;
-        let vector = self.storable_vector(normalise(embedding, self.manifest.dim_count)?);
+        normalise_into(embedding, self.manifest.dim_count, vector)?;
+        *vector = self.storable_vector(std::mem::take(vector));
         if node.payload.scenario.trim().is_empty() {
             return Err(BankError::EmptyScenario);
         }
@@ -392,7 +494,6 @@ impl Bank {
         let (external_id, id_flags) = self.check_external_id(node.external_id.as_deref())?;
         Ok(Content {
             tree,
-            vector,
             external_id,
             id_flags,
         })
@@ -411,7 +512,7 @@ impl Bank {
         embedding: Option<&[f32]>,
         pending: &mut PendingIds,
     ) -> Result<(), BankError> {
-        let content = self.check_content(node, embedding.unwrap_or(&node.embedding))?;
+        let content = self.check_content(node, embedding.unwrap_or(&node.embedding), &mut Vec::new())?;
         // The index the node will get if every node checked is written.
         let index = self.node_count().saturating_add(pending.checked);
         pending.checked = pending.checked.saturating_add(1);
@@ -630,6 +731,30 @@ impl Bank {
     }
 }
 
+/// A column holds one row per change, and its nodes carry no embedding
+/// of their own.
+fn check_column(changes: &[Change], column: &[f32], dim_count: u32) -> Result<(), BankError> {
+    if column.len() != changes.len() * dim_count as usize {
+        return Err(BankError::DimensionMismatch {
+            expected: dim_count,
+            found: column.len() / changes.len().max(1),
+        });
+    }
+    for (position, change) in changes.iter().enumerate() {
+        if let Change::Insert(node) | Change::Import(node, _) = change
+            && !node.embedding.is_empty()
+        {
+            return Err(BankError::BatchItem {
+                position,
+                error: Box::new(BankError::BadEmbedding(
+                    "a node of a column batch carries its own embedding too".into(),
+                )),
+            });
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn set_lsn(acks: &mut [ChangeAck], lsn: u64) {
     for ack in acks {
         match ack {
@@ -640,11 +765,8 @@ pub(super) fn set_lsn(acks: &mut [ChangeAck], lsn: u64) {
     }
 }
 
-/// Sets an imported node's counters, flags and creation time on its op.
-fn apply_imported_state(op: &mut WalOp, state: &ImportedState) -> Result<(), BankError> {
-    let WalOp::PutNode { row, .. } = op else {
-        unreachable!("prepare_insert builds a PutNode")
-    };
+/// Sets an imported node's counters, flags and creation time on its row.
+fn apply_imported_state(row: &mut Row, state: &ImportedState) -> Result<(), BankError> {
     if state.consolidated_root && row.node_type != NodeType::Root {
         return Err(BankError::NotConsolidatable {
             node: row.index,
