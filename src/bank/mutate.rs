@@ -165,15 +165,59 @@ pub(crate) fn normalise_into(embedding: &[f32], dim_count: u32, out: &mut Vec<f3
     // instead of a division per component: 10x cheaper on the baseline
     // x86-64 target, and it differs from dividing only when a quotient
     // falls within ~2^-52 of an f32 rounding boundary (then by one ulp).
-    let scale = 1.0 / norm;
-    out.clear();
-    out.extend(embedding.iter().map(|x| (f64::from(*x) * scale) as f32));
+    scale_into(embedding, 1.0 / norm, out);
     Ok(())
+}
+
+// The two loops of `normalise` are compiled for AVX2 as well and chosen at
+// run time: the f64 arithmetic then runs 4 lanes wide instead of the
+// baseline's 2 (normalising was ~18% of an insert's instructions). The
+// same IEEE multiplies and adds in the same order, never contracted into
+// FMAs, so both give the same bits.
+
+fn sum_of_squares(values: &[f32]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { sum_of_squares_avx2(values) };
+    }
+    sum_of_squares_any(values)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn sum_of_squares_avx2(values: &[f32]) -> f64 {
+    sum_of_squares_any(values)
+}
+
+/// `values` times `scale` in f64, each rounded once to f32, into `out`
+/// (replacing what it held).
+fn scale_into(values: &[f32], scale: f64, out: &mut Vec<f32>) {
+    out.clear();
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        unsafe { scale_into_avx2(values, scale, out) };
+        return;
+    }
+    scale_into_any(values, scale, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn scale_into_avx2(values: &[f32], scale: f64, out: &mut Vec<f32>) {
+    scale_into_any(values, scale, out);
+}
+
+#[inline(always)]
+fn scale_into_any(values: &[f32], scale: f64, out: &mut Vec<f32>) {
+    out.extend(values.iter().map(|x| (f64::from(*x) * scale) as f32));
 }
 
 /// Sum of squares in f64 with eight independent accumulators, so the
 /// loop vectorises instead of waiting on one chain of additions.
-fn sum_of_squares(values: &[f32]) -> f64 {
+#[inline(always)]
+fn sum_of_squares_any(values: &[f32]) -> f64 {
     const LANES: usize = 8;
     let mut acc = [0f64; LANES];
     let chunks = values.chunks_exact(LANES);
@@ -785,4 +829,42 @@ fn apply_imported_state(row: &mut Row, state: &ImportedState) -> Result<(), Bank
         row.created_unix_ms = ms;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The run-time choice (AVX2 here when the CPU has it) gives the bits
+    /// of the baseline loops, for lengths with and without a tail and
+    /// components across the f32 range, subnormals included.
+    #[test]
+    fn normalising_gives_the_same_bits_on_every_path() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for len in [1usize, 3, 7, 8, 9, 63, 384, 768, 1537] {
+            for _ in 0..40 {
+                let v: Vec<f32> = (0..len)
+                    .map(|_| {
+                        let r = next();
+                        let mantissa = (r >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                        mantissa * 2f32.powi((r % 250) as i32 - 140)
+                    })
+                    .collect();
+                let sum = sum_of_squares(&v);
+                assert_eq!(sum.to_bits(), sum_of_squares_any(&v).to_bits(), "len {len}");
+                let scale = 1.0 / sum.sqrt().max(1e-300);
+                let (mut fast, mut plain) = (Vec::new(), Vec::new());
+                scale_into(&v, scale, &mut fast);
+                scale_into_any(&v, scale, &mut plain);
+                let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fast), bits(&plain), "len {len}");
+            }
+        }
+    }
 }
