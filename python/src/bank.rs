@@ -373,22 +373,11 @@ impl PyBank {
             default_attach: deltamem::Attach::Auto,
             default_scenarios: false,
         };
-        let mut nodes = args::new_nodes(py, &rows)?;
+        let changes: Vec<Change> = args::new_nodes(py, &rows)?.into_iter().map(Change::Insert).collect();
         let sync = args::opt_sync(py, sync)?;
-        let (values, dim) = (matrix.values(), self.dim as usize);
-        self.write(py, move |b| {
-            let changes: Vec<Change> = nodes
-                .drain(..)
-                .zip(values.chunks_exact(dim.max(1)))
-                .map(|(node, v)| {
-                    Change::Insert(NewNode {
-                        embedding: v.to_vec(),
-                        ..node
-                    })
-                })
-                .collect();
-            Ok(inserted(b.transact(&changes, sync)?))
-        })
+        // The rows are read in place from the array (no copy per row).
+        let values = matrix.values();
+        self.write(py, move |b| Ok(inserted(b.transact_column(&changes, values, sync)?)))
     }
 
     /// Bulk load for build pipelines: the rows are made durable by one

@@ -7,10 +7,23 @@ use super::overlay::Mark;
 use super::{Bank, BankError, SyncPolicy};
 use crate::format::payload::check_record;
 use crate::format::row::Row;
-use crate::format::wal::{MAX_RECORD_BODY_BYTES, WalOp, encode_ops};
+use crate::format::wal::{MAX_RECORD_BODY_BYTES, RECORD_HEADER_SIZE_BYTES, WalOp, encode_ops_into};
 use crate::storage::StorageError;
 use crate::storage::wal::DetachedSync;
 use crate::tree;
+
+/// Whether a new node's vector check fields (CRC, lane sums) are
+/// recomputed from its vector when it is applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Checks {
+    /// Recompute and compare: ops read from the WAL, or whose check fields
+    /// were copied from another row (a consolidation's new root).
+    Verify,
+    /// The fields were derived from this very vector by `vector_checks`
+    /// when the node was built (`prepare_insert`): recomputing them would
+    /// run the same function over the same bytes.
+    Derived,
+}
 
 impl Bank {
     /// Validates and applies every op of a transaction, or none of them.
@@ -28,7 +41,7 @@ impl Bank {
                     vector,
                     payload_record,
                 } => self
-                    .check_new_node(&row, &vector, &payload_record)
+                    .check_new_node(&row, &vector, &payload_record, Checks::Verify)
                     .map(|()| self.overlay.push_node(row, &vector, payload_record)),
                 WalOp::PutRow { row } => self
                     .check_row_update(&row)
@@ -42,7 +55,29 @@ impl Bank {
         Ok(mark)
     }
 
-    fn check_new_node(&self, row: &Row, vector: &[f32], payload_record: &[u8]) -> Result<(), BankError> {
+    /// Applies (undoably) a new node that `prepare_insert` built, with
+    /// every rule of a new node but one: its vector's check fields are not
+    /// recomputed, as prepare_insert derived them from this very vector
+    /// (`Checks::Derived`). WAL replay checks them like every other field.
+    pub(crate) fn apply_prepared_node(
+        &mut self,
+        row: Row,
+        vector: &[f32],
+        payload_record: Vec<u8>,
+    ) -> Result<Mark, BankError> {
+        let mark = self.overlay.mark();
+        self.check_new_node(&row, vector, &payload_record, Checks::Derived)?;
+        self.overlay.push_node(row, vector, payload_record);
+        Ok(mark)
+    }
+
+    fn check_new_node(
+        &self,
+        row: &Row,
+        vector: &[f32],
+        payload_record: &[u8],
+        checks: Checks,
+    ) -> Result<(), BankError> {
         let bad = |detail: String| {
             Err(BankError::Corrupt {
                 file: "WAL op".into(),
@@ -68,7 +103,7 @@ impl Bank {
             return bad(format!("node {next}: payload location does not follow the log end"));
         }
         if vector.len() != self.manifest.dim_count as usize
-            || self.vector_checks(vector) != Some(super::VectorChecks::of_row(row))
+            || (checks == Checks::Verify && self.vector_checks(vector) != Some(super::VectorChecks::of_row(row)))
         {
             return bad(format!("node {next}: vector length, checksum or lane sum mismatch"));
         }
@@ -125,25 +160,29 @@ impl Bank {
     /// Returns the record's LSN. Any I/O failure poisons the bank.
     pub(crate) fn commit(&mut self, ops: Vec<WalOp>, policy: Option<SyncPolicy>) -> Result<u64, BankError> {
         self.check_writable()?;
-        let body = encode_ops(&ops);
-        check_record_size(ops.len(), body.len())?;
+        let mut record = self.record_buffer();
+        encode_ops_into(&ops, &mut record);
+        check_record_size(ops.len(), record.len() - RECORD_HEADER_SIZE_BYTES)?;
         let op_count = ops.len() as u16;
         let undo = self.apply_txn_undoable(ops)?;
-        self.log(op_count, &body, vec![undo], policy)
+        let logged = self.log(op_count, &mut record, vec![undo], policy);
+        self.keep_record_buffer(record);
+        logged
     }
 
-    /// Appends already-applied ops as one record and syncs per policy. If
-    /// the append fails the overlay is rolled back (newest mark first) and
-    /// the bank is poisoned.
+    /// Appends already-applied ops as one record and syncs per policy:
+    /// `record` holds room for the record header, then the encoded ops
+    /// (`WalWriter::append_framed`). If the append fails the overlay is
+    /// rolled back (newest mark first) and the bank is poisoned.
     pub(crate) fn log(
         &mut self,
         op_count: u16,
-        body: &[u8],
+        record: &mut Vec<u8>,
         undo: Vec<Mark>,
         policy: Option<SyncPolicy>,
     ) -> Result<u64, BankError> {
         let writer = self.writer.as_mut().expect("checked writable");
-        let lsn = match writer.wal.append(op_count, body) {
+        let lsn = match writer.wal.append_framed(op_count, record) {
             Ok(lsn) => lsn,
             Err(e) => {
                 writer.poisoned = Some(e.to_string());

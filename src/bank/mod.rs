@@ -116,13 +116,18 @@ struct Writer {
     checkpoint_wal_bytes: u64,
     /// Commits leave the checkpoint to the caller (`defer_checkpoints`).
     checkpoints_deferred: bool,
-    /// The body buffer of the last transaction, kept for the next one
-    /// (up to `KEPT_TXN_BODY_BYTES`): a bulk insert's transactions of a
-    /// few MB each then reuse its pages instead of faulting fresh ones.
-    txn_body: Vec<u8>,
+    /// The WAL record buffer of the last commit, kept for the next one
+    /// (up to `KEPT_RECORD_BYTES`): a bulk insert's transactions of a few
+    /// MB each then reuse its pages instead of faulting fresh ones. Ops
+    /// are encoded into it after room for the record header, and it is
+    /// written as it is (`WalWriter::append_framed`).
+    record_buffer: Vec<u8>,
+    /// The vector of the node being staged, normalised into this buffer
+    /// (reused: no allocation per inserted node).
+    vector_buffer: Vec<f32>,
 }
 
-const KEPT_TXN_BODY_BYTES: usize = 16 << 20;
+const KEPT_RECORD_BYTES: usize = 16 << 20;
 
 pub struct Bank {
     storage: Arc<dyn Storage>,
@@ -183,12 +188,15 @@ impl Bank {
     /// wrote). Every writer of rows takes them from here.
     pub(crate) fn vector_checks(&self, vector: &[f32]) -> Option<VectorChecks> {
         let m = &self.manifest;
-        let stored: Vec<u8> = match m.precision {
-            Precision::F32 | Precision::Int8 => bytemuck::cast_slice(vector).to_vec(),
+        let f16_bytes;
+        let stored: &[u8] = match m.precision {
+            // The f32 bytes are the vector's own: no copy.
+            Precision::F32 | Precision::Int8 => bytemuck::cast_slice(vector),
             Precision::F16 if kernels::quant::is_f16_exact(vector) => {
                 let mut bytes = vec![0u8; vector.len() * 2];
                 kernels::quant::encode_f16(vector, &mut bytes);
-                bytes
+                f16_bytes = bytes;
+                &f16_bytes
             }
             Precision::F16 => return None,
         };
@@ -197,7 +205,7 @@ impl Bank {
             kernels::quant::encode_int8_row(vector, &mut qrow);
             qrow
         });
-        Some(VectorChecks::of_stored(m.version, &stored, qrow.as_deref()))
+        Some(VectorChecks::of_stored(m.version, stored, qrow.as_deref()))
     }
 
     pub fn is_writer(&self) -> bool {

@@ -113,7 +113,8 @@ impl Writer {
             last_sync: Instant::now(),
             checkpoint_wal_bytes,
             checkpoints_deferred: false,
-            txn_body: Vec::new(),
+            record_buffer: Vec::new(),
+            vector_buffer: Vec::new(),
         }
     }
 }

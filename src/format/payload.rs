@@ -53,38 +53,52 @@ impl Payload {
 /// frame's own bytes.
 pub const RAW_BELOW_BYTES: usize = 128;
 
-/// A zstd frame holding `plain` as one raw (stored) block: magic, a frame
-/// header of a single segment with a 1-byte content size, no checksum or
-/// dictionary, then a last-block header of type raw (RFC 8878 §3.1.1).
-/// Any zstd decoder reads it; zstd has no call that writes one.
-fn raw_frame(plain: &[u8]) -> Vec<u8> {
-    assert!(plain.len() < 256, "a 1-byte content size");
+/// Bytes of a raw frame's header (`raw_frame_header`).
+const RAW_FRAME_HEADER_BYTES: usize = 9;
+
+/// The header of a zstd frame holding `plain_len` bytes as one raw
+/// (stored) block: magic, a frame header of a single segment with a 1-byte
+/// content size, no checksum or dictionary, then a last-block header of
+/// type raw (RFC 8878 §3.1.1). Any zstd decoder reads it; zstd has no
+/// call that writes one.
+fn raw_frame_header(plain_len: usize) -> [u8; RAW_FRAME_HEADER_BYTES] {
+    assert!(plain_len < 256, "a 1-byte content size");
     const ZSTD_MAGIC: u32 = 0xFD2F_B528;
     const SINGLE_SEGMENT: u8 = 1 << 5;
     const LAST_BLOCK: u32 = 1; // block type raw = 0 in bits 1-2
-    let mut out = Vec::with_capacity(9 + plain.len());
-    out.extend_from_slice(&ZSTD_MAGIC.to_le_bytes());
-    out.push(SINGLE_SEGMENT);
-    out.push(plain.len() as u8);
-    out.extend_from_slice(&((plain.len() as u32) << 3 | LAST_BLOCK).to_le_bytes()[..3]);
-    out.extend_from_slice(plain);
+    let mut out = [0u8; RAW_FRAME_HEADER_BYTES];
+    out[..4].copy_from_slice(&ZSTD_MAGIC.to_le_bytes());
+    out[4] = SINGLE_SEGMENT;
+    out[5] = plain_len as u8;
+    out[6..].copy_from_slice(&((plain_len as u32) << 3 | LAST_BLOCK).to_le_bytes()[..3]);
     out
 }
 
 /// Encodes a full record (header + compressed body) for node `node_index`.
+/// The payload is serialised in place after room for the record and raw
+/// frame headers: a short payload (most) costs one allocation, the
+/// record's own.
 pub fn encode_record(node_index: u32, payload: &Payload) -> Vec<u8> {
-    let plain = postcard::to_stdvec(payload).expect("postcard encoding of strings cannot fail");
-    let body = match plain.len() < RAW_BELOW_BYTES {
-        true => raw_frame(&plain),
-        false => COMPRESSOR
-            .with(|c| c.borrow_mut().compress(&plain))
-            .expect("zstd compression of an in-memory buffer"),
-    };
-    let mut out = vec![0u8; PAYLOAD_HEADER_SIZE_BYTES + body.len()];
+    let plain_at = PAYLOAD_HEADER_SIZE_BYTES + RAW_FRAME_HEADER_BYTES;
+    // postcard adds a varint length per string and per map.
+    let varints_bytes = 5 * (2 + 2 * payload.fields.len());
+    let mut out = Vec::with_capacity(plain_at + payload.size_bytes() + varints_bytes);
+    out.resize(plain_at, 0);
+    let mut out = postcard::to_extend(payload, out).expect("postcard encoding of strings cannot fail");
+    let plain_len = out.len() - plain_at;
+    if plain_len < RAW_BELOW_BYTES {
+        out[PAYLOAD_HEADER_SIZE_BYTES..plain_at].copy_from_slice(&raw_frame_header(plain_len));
+    } else {
+        let body = COMPRESSOR
+            .with(|c| c.borrow_mut().compress(&out[plain_at..]))
+            .expect("zstd compression of an in-memory buffer");
+        out.truncate(PAYLOAD_HEADER_SIZE_BYTES);
+        out.extend_from_slice(&body);
+    }
     out[..4].copy_from_slice(&PAYLOAD_MAGIC);
-    put_u32(&mut out, PAY_BODY_SIZE_OFFSET, body.len() as u32);
+    let body_bytes = out.len() - PAYLOAD_HEADER_SIZE_BYTES;
+    put_u32(&mut out, PAY_BODY_SIZE_OFFSET, body_bytes as u32);
     put_u32(&mut out, PAY_NODE_INDEX_OFFSET, node_index);
-    out[PAYLOAD_HEADER_SIZE_BYTES..].copy_from_slice(&body);
     let crc = record_crc(&out);
     put_u32(&mut out, PAY_CRC_OFFSET, crc);
     out

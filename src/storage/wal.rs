@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{OpenMode, Storage, StorageError, StorageFile, WAL_FILE, WAL_TMP_FILE, replace_atomically};
 use crate::format::wal::{
     MAX_RECORD_BODY_BYTES, REC_LSN_OFFSET, RECORD_HEADER_SIZE_BYTES, WAL_HEADER_SIZE_BYTES, WalHeader,
-    decode_record_header, encode_record_into, verify_record,
+    decode_record_header, frame_record, verify_record,
 };
 
 /// One valid record found by a scan; `body` indexes `WalScan::buf`.
@@ -339,20 +339,35 @@ impl WalWriter {
     /// A small record that reaches past the zeros written ahead carries
     /// more zeros in the same write (`preallocated_end`).
     pub fn append(&mut self, op_count: u16, body: &[u8]) -> Result<u64, StorageError> {
+        let mut record = std::mem::take(&mut self.frame);
+        record.clear();
+        record.resize(RECORD_HEADER_SIZE_BYTES, 0);
+        record.extend_from_slice(body);
+        let appended = self.append_framed(op_count, &mut record);
+        if record.capacity() <= KEPT_FRAME_BYTES {
+            self.frame = record;
+        }
+        appended
+    }
+
+    /// As `append`, for a body built in `record` after
+    /// `RECORD_HEADER_SIZE_BYTES` bytes of room: the header is filled in
+    /// there and the buffer written as it is, so a transaction of a few MB
+    /// is not copied into a frame first. `record` holds the record on
+    /// return (zeros written ahead of it are not left in it).
+    pub fn append_framed(&mut self, op_count: u16, record: &mut Vec<u8>) -> Result<u64, StorageError> {
         let lsn = self.next_lsn;
-        let mut bytes = std::mem::take(&mut self.frame);
-        let crc = encode_record_into(self.prev_crc, lsn, op_count, body, &mut bytes);
-        let record_bytes = bytes.len() as u64;
-        let record_end = self.end_bytes + record_bytes;
-        if record_end > self.allocated_bytes && bytes.len() < PREALLOCATE_BELOW_BYTES {
-            bytes.resize((preallocated_end(record_end) - self.end_bytes) as usize, 0);
+        let crc = frame_record(self.prev_crc, lsn, op_count, record);
+        let record_bytes = record.len();
+        let record_end = self.end_bytes + record_bytes as u64;
+        if record_end > self.allocated_bytes && record_bytes < PREALLOCATE_BELOW_BYTES {
+            record.resize((preallocated_end(record_end) - self.end_bytes) as usize, 0);
         }
-        let written = self.file.write_all_at(&bytes, self.end_bytes);
-        let written_bytes = bytes.len() as u64;
-        if bytes.capacity() <= KEPT_FRAME_BYTES {
-            self.frame = bytes;
-        }
+        let written = self.file.write_all_at(record, self.end_bytes);
+        let written_bytes = record.len() as u64;
+        record.truncate(record_bytes);
         written.map_err(StorageError::io("write", self.desc.clone()))?;
+
         self.allocated_bytes = self.allocated_bytes.max(self.end_bytes + written_bytes);
         self.end_bytes = record_end;
         self.prev_crc = crc;
