@@ -98,7 +98,10 @@ fn main() {
     let arg = |i: usize, default: usize| std::env::args().nth(i).and_then(|a| a.parse().ok()).unwrap_or(default);
     let (rows, nq, rounds) = (arg(1, 100_000), arg(2, 32), arg(3, 7));
     let level = Level::active();
-    let cached_rows: usize = std::env::var("BK_CACHED_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(CACHED_ROWS);
+    let cached_rows: usize = std::env::var("BK_CACHED_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(CACHED_ROWS);
     // 64-byte aligned rows, as a bank's mapped column holds them.
     let mut raw = vec![0u8; rows * DIM * 4 + 64];
     let pad = raw.as_ptr().align_offset(64);
@@ -110,7 +113,10 @@ fn main() {
     // where the allocator puts a Vec, which is how they came before).
     let aligned = AlignedQueries::new(&queries, DIM);
     let refs = aligned.refs();
-    let shift: usize = std::env::var("BK_QUERY_SHIFT").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
+    let shift: usize = std::env::var("BK_QUERY_SHIFT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
     let mut qraw = vec![0.0f32; nq * (DIM + 16) + 16];
     let qpad = qraw.as_ptr().align_offset(64);
     for (b, q) in queries.iter().enumerate() {
@@ -198,7 +204,11 @@ mod before {
     /// AVX-512F; `dim` f32 readable behind every pointer.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn tile<const R: usize, const Q: usize>(q: [*const f32; Q], v: [*const f32; R], dim: usize) -> [[f32; Q]; R] {
+    unsafe fn tile<const R: usize, const Q: usize>(
+        q: [*const f32; Q],
+        v: [*const f32; R],
+        dim: usize,
+    ) -> [[f32; Q]; R] {
         const L: usize = 16;
         let mut acc = [[[_mm512_setzero_ps(); 4]; Q]; R];
         let mut x = [_mm512_setzero_ps(); R];
@@ -265,7 +275,10 @@ mod before {
     pub unsafe fn score(queries: &[&[f32]], dim: usize, rows: Rows<'_>, out: &mut [f32]) {
         let at = |i: usize| {
             let slot = rows.slots[i] as usize;
-            rows.bytes.as_ptr().wrapping_add(slot * rows.stride_bytes + rows.offset_bytes).cast::<f32>()
+            rows.bytes
+                .as_ptr()
+                .wrapping_add(slot * rows.stride_bytes + rows.offset_bytes)
+                .cast::<f32>()
         };
         let n = rows.slots.len();
         let mut i = 0;

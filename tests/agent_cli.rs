@@ -361,12 +361,18 @@ fn a_consolidation_saved_before_a_failed_checkpoint_is_reported_done() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let outcome: Value = serde_json::from_slice(&out.stdout).expect("the outcome is printed");
     assert_eq!(server.requests().len(), 3, "the distillation was asked for: {stderr}");
-    assert!(outcome["checkpoint_failure"].is_null(), "the episode's own checkpoint succeeded: {outcome}");
+    assert!(
+        outcome["checkpoint_failure"].is_null(),
+        "the episode's own checkpoint succeeded: {outcome}"
+    );
     let consolidation = &outcome["consolidations"][0];
     assert_eq!(consolidation["status"], json!("done"), "{outcome}");
     assert_eq!(consolidation["new_root"], json!(5), "{outcome}");
     let reason = consolidation["reason"].as_str().unwrap_or_default();
-    assert!(reason.starts_with("saved;") && reason.contains("checkpoint"), "{outcome}");
+    assert!(
+        reason.starts_with("saved;") && reason.contains("checkpoint"),
+        "{outcome}"
+    );
 
     std::fs::remove_dir_all(&blocker).unwrap();
     let dump = Command::new(env!("CARGO_BIN_EXE_deltamem"))

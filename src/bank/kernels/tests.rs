@@ -181,7 +181,11 @@ fn aligned_queries_hold_the_same_values_each_on_a_64_byte_boundary() {
         for (copy, query) in refs.iter().zip(&queries) {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(copy), bits(query), "n={n}");
-            assert_eq!(copy.as_ptr() as usize % 64, 0, "n={n}: a query starts on a 64-byte boundary");
+            assert_eq!(
+                copy.as_ptr() as usize % 64,
+                0,
+                "n={n}: a query starts on a 64-byte boundary"
+            );
         }
     }
 }
@@ -537,8 +541,20 @@ fn f16_slice_conversions_round_like_the_scalar_one() {
     let scalar = |x: f32| half::f16::from_f32(x);
     let mut rng = Rng(29);
     let mut values: Vec<f32> = vec![
-        0.0, -0.0, 1.0, 65504.0, 65519.0, -65504.0, 6.0e-8, -3.0e-8, 5.9604645e-8, 1.0 + 1.0 / 2048.0,
-        1.0 + 3.0 / 2048.0, 0.33333334, 1.0e-5, -2.5e-6,
+        0.0,
+        -0.0,
+        1.0,
+        65504.0,
+        65519.0,
+        -65504.0,
+        6.0e-8,
+        -3.0e-8,
+        5.9604645e-8,
+        1.0 + 1.0 / 2048.0,
+        1.0 + 3.0 / 2048.0,
+        0.33333334,
+        1.0e-5,
+        -2.5e-6,
     ];
     values.extend((0..1000).map(|_| signed(&mut rng) * 0.2));
     values.extend((0..300).map(|i| f32::from_bits(0x3380_0000 + i * 4099)));

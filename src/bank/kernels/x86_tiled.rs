@@ -120,7 +120,13 @@ macro_rules! tiled {
                 let v = std::array::from_fn(|r| at(i + r));
                 // The next tile's rows, or past the end this tile's again
                 // (a prefetch of cached lines costs a load slot, no more).
-                let ahead = std::array::from_fn(|r| if i + TILE_ROWS + r < n { at(i + TILE_ROWS + r) } else { v[r] });
+                let ahead = std::array::from_fn(|r| {
+                    if i + TILE_ROWS + r < n {
+                        at(i + TILE_ROWS + r)
+                    } else {
+                        v[r]
+                    }
+                });
                 // SAFETY: rows i..i+R are inside `bytes` (checked by the caller).
                 unsafe { row_tile::<$r>(queries, dim, v, ahead, &mut out[i * queries.len()..]) };
                 i += $r;
