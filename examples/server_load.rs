@@ -219,8 +219,8 @@ fn query_phase(base: &str, bodies: &[String]) -> Vec<Run> {
     runs
 }
 
-/// The server's (queries, passes) counters.
-fn batch_counters(base: &str) -> (f64, f64) {
+/// Two counters from the server's `/metrics` (0 if absent).
+fn counters(base: &str, names: [&str; 2]) -> (f64, f64) {
     let metrics = ureq::get(&format!("{base}/metrics"))
         .call()
         .unwrap()
@@ -233,10 +233,12 @@ fn batch_counters(base: &str) -> (f64, f64) {
             .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
             .unwrap_or(0.0)
     };
-    (
-        counter("deltamem_queries_total"),
-        counter("deltamem_query_batches_total"),
-    )
+    (counter(names[0]), counter(names[1]))
+}
+
+/// The server's (queries, passes) counters.
+fn batch_counters(base: &str) -> (f64, f64) {
+    counters(base, ["deltamem_queries_total", "deltamem_query_batches_total"])
 }
 
 /// How long each insert run lasts, and the most inserts it sends.
@@ -401,22 +403,7 @@ fn usage(who: libc::c_int) -> (f64, f64) {
 
 /// The server's (fsyncs, write rounds) counters.
 fn write_counters(base: &str) -> (f64, f64) {
-    let metrics = ureq::get(&format!("{base}/metrics"))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
-    let counter = |name: &str| -> f64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-            .unwrap_or(0.0)
-    };
-    (
-        counter("deltamem_wal_syncs_total"),
-        counter("deltamem_write_rounds_total"),
-    )
+    counters(base, ["deltamem_wal_syncs_total", "deltamem_write_rounds_total"])
 }
 
 /// CPU seconds this process has used (user + system), from /proc.

@@ -111,17 +111,24 @@ fn record_then_retrieve_through_the_binary() {
     );
 }
 
-/// Runs `record` without `--json` and returns its stdout.
-fn record_summary(bank: &str, episode: &Value, server: &Server, dir: &Path) -> String {
+/// Runs `record` of `episode` (written to a file in `dir`) with `extra`
+/// arguments against the scripted LLM `server`.
+fn run_record(bank: &str, episode: &Value, server: &Server, dir: &Path, extra: &[&str]) -> std::process::Output {
     let file = dir.join("episode.json");
     std::fs::write(&file, episode.to_string()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+    Command::new(env!("CARGO_BIN_EXE_deltamem"))
         .args(["record", bank, "--episode", file.to_str().unwrap()])
+        .args(extra)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env("DELTAMEM_LLM_BASE_URL", &server.url)
         .env("DELTAMEM_LLM_MODEL", "scripted")
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// Runs `record` without `--json` and returns its stdout.
+fn record_summary(bank: &str, episode: &Value, server: &Server, dir: &Path) -> String {
+    let out = run_record(bank, episode, server, dir, &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap()
 }
@@ -153,24 +160,37 @@ fn kitchen_episode(success: bool, task: Option<Vec<u32>>, env: Option<Vec<u32>>)
            "success": success, "retrieved_task": task, "retrieved_env": env})
 }
 
+/// A bank with K_cons 1 and D_max 2 after two kitchen episodes: roots 0
+/// (task) and 1 (env), then a task residual 2 under 0 and an env skip, so
+/// a third, successful episode through node 2 makes it due. Returns the
+/// bank and the two `record` summaries.
+fn two_kitchen_episodes(dir: &Path) -> (String, String, String) {
+    let bank = init_bank(dir, &["--consolidate-after", "1", "--max-depth", "2"]);
+    let server = Server::start(vec![skill(), facts()]);
+    let first = record_summary(&bank, &kitchen_episode(false, None, None), &server, dir);
+    let server = Server::start(vec![skill(), content(r#"{"skip": true}"#)]);
+    let second = record_summary(
+        &bank,
+        &kitchen_episode(false, Some(vec![0]), Some(vec![1])),
+        &server,
+        dir,
+    );
+    (bank, first, second)
+}
+
 #[test]
 fn record_without_json_prints_a_summary() {
     if !assets_present() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    // K_cons 1 and D_max 2, so the second episode's hit makes node 2 due.
-    let bank = &init_bank(dir.path(), &["--consolidate-after", "1", "--max-depth", "2"]);
+    let (bank, first, second) = &two_kitchen_episodes(dir.path());
     let episode = kitchen_episode;
-    let server = Server::start(vec![skill(), facts()]);
-    let first = record_summary(bank, &episode(false, None, None), &server, dir.path());
     assert_eq!(
         first,
         "task: root, node 0, no parent, depth 1\nenv: root, node 1, no parent, depth 1\n\
          success hits: none\nconsolidations: none\n"
     );
-    let server = Server::start(vec![skill(), content(r#"{"skip": true}"#)]);
-    let second = record_summary(bank, &episode(false, Some(vec![0]), Some(vec![1])), &server, dir.path());
     assert_eq!(
         second,
         "task: residual, node 2, parent 0, depth 2\nenv: skip, nothing written (matched node 1)\n\
@@ -269,15 +289,8 @@ fn record_saved_before_a_failed_checkpoint_prints_its_result_and_exits_3() {
     // The success hits make residuals 2 and 3 due (K_cons 1); the script
     // has no distillation reply, and none may be asked for.
     let server = Server::start(vec![skill(), facts()]);
-    let file = dir.path().join("episode.json");
-    std::fs::write(&file, episode(true, Some(vec![0, 2]), Some(vec![1, 3])).to_string()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_deltamem"))
-        .args(["record", bank, "--episode", file.to_str().unwrap(), "--json"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("DELTAMEM_LLM_BASE_URL", &server.url)
-        .env("DELTAMEM_LLM_MODEL", "scripted")
-        .output()
-        .unwrap();
+    let third = episode(true, Some(vec![0, 2]), Some(vec![1, 3]));
+    let out = run_record(bank, &third, &server, dir.path(), &["--json"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stderr}");
     assert!(stderr.contains("saved") && stderr.contains("checkpoint"), "{stderr}");
@@ -301,16 +314,7 @@ fn record_saved_before_a_failed_checkpoint_prints_its_result_and_exits_3() {
     );
 
     std::fs::remove_dir_all(&blocker).unwrap();
-    let dump = Command::new(env!("CARGO_BIN_EXE_deltamem"))
-        .args(["dump", bank])
-        .output()
-        .unwrap();
-    assert!(dump.status.success(), "{}", String::from_utf8_lossy(&dump.stderr));
-    let nodes: Vec<Value> = String::from_utf8(dump.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let nodes = dump_nodes(bank);
     assert_eq!(nodes.len(), 6, "two nodes per episode, the third episode once");
     assert_eq!(
         (&nodes[2]["success_hits"], &nodes[3]["success_hits"]),
@@ -330,12 +334,8 @@ fn a_consolidation_saved_before_a_failed_checkpoint_is_reported_done() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let bank = &init_bank(dir.path(), &["--consolidate-after", "1", "--max-depth", "2"]);
+    let (bank, _, _) = &two_kitchen_episodes(dir.path());
     let episode = kitchen_episode;
-    let server = Server::start(vec![skill(), facts()]);
-    record_summary(bank, &episode(false, None, None), &server, dir.path());
-    let server = Server::start(vec![skill(), content(r#"{"skip": true}"#)]);
-    record_summary(bank, &episode(false, Some(vec![0]), Some(vec![1])), &server, dir.path());
 
     // The third episode's commit and checkpoint succeed; the blocker
     // appears while the client waits for the distillation of node 2.
@@ -348,16 +348,8 @@ fn a_consolidation_saved_before_a_failed_checkpoint_is_reported_done() {
         facts(),
         Canned::Hook(hook, Box::new(content(&distilled.to_string()))),
     ]);
-    let file = dir.path().join("episode.json");
     let third = episode(true, Some(vec![0, 2]), Some(vec![1]));
-    std::fs::write(&file, third.to_string()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_deltamem"))
-        .args(["record", bank, "--episode", file.to_str().unwrap(), "--json"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("DELTAMEM_LLM_BASE_URL", &server.url)
-        .env("DELTAMEM_LLM_MODEL", "scripted")
-        .output()
-        .unwrap();
+    let out = run_record(bank, &third, &server, dir.path(), &["--json"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let outcome: Value = serde_json::from_slice(&out.stdout).expect("the outcome is printed");
     assert_eq!(server.requests().len(), 3, "the distillation was asked for: {stderr}");
@@ -375,17 +367,22 @@ fn a_consolidation_saved_before_a_failed_checkpoint_is_reported_done() {
     );
 
     std::fs::remove_dir_all(&blocker).unwrap();
+    let nodes = dump_nodes(bank);
+    assert_eq!(nodes.len(), 6, "nodes 0-4 and the one new root: {nodes:?}");
+    assert_eq!(nodes[5]["consolidated_root"], json!(true), "{}", nodes[5]);
+    assert_eq!(nodes[2]["consolidated"], json!(true), "{}", nodes[2]);
+}
+
+/// Every node of the bank, as `dump` prints them.
+fn dump_nodes(bank: &str) -> Vec<Value> {
     let dump = Command::new(env!("CARGO_BIN_EXE_deltamem"))
         .args(["dump", bank])
         .output()
         .unwrap();
     assert!(dump.status.success(), "{}", String::from_utf8_lossy(&dump.stderr));
-    let nodes: Vec<Value> = String::from_utf8(dump.stdout)
+    String::from_utf8(dump.stdout)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(nodes.len(), 6, "nodes 0-4 and the one new root: {nodes:?}");
-    assert_eq!(nodes[5]["consolidated_root"], json!(true), "{}", nodes[5]);
-    assert_eq!(nodes[2]["consolidated"], json!(true), "{}", nodes[2]);
+        .collect()
 }

@@ -3,6 +3,9 @@
 
 use std::collections::BTreeMap;
 
+mod common;
+
+use common::snapshot::node_snapshot;
 use deltamem::{
     Attach, Bank, BankConfig, BankError, Label, NewNode, NodeRef, NodeType, OpenOptions, Payload, QueryOptions,
 };
@@ -898,18 +901,6 @@ fn a_bank_never_needs_more_than_max_segment_count_segments() {
     manifest.node_count += 1;
     let e = Manifest::decode(&manifest.encode()).unwrap_err().to_string();
     assert!(e.contains("4096 segments"), "{e}");
-}
-
-/// Every node of the bank, creation times aside, with its vector's bits.
-fn node_snapshot(bank: &Bank) -> Vec<String> {
-    (0..bank.node_count())
-        .map(|i| {
-            let mut row = bank.row(i).unwrap();
-            row.created_unix_ms = 0;
-            let bits: Vec<u32> = bank.vector(i).unwrap().iter().map(|x| x.to_bits()).collect();
-            format!("{row:?} {:?} {bits:?}", bank.payload(i).unwrap())
-        })
-        .collect()
 }
 
 /// `transact_column` (the inserts' vectors as one row-major column, as

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use common::crashkit::as_column;
+use common::snapshot::node_snapshot;
 use deltamem::format::manifest::Precision;
 use deltamem::storage::sim::Rng;
 use deltamem::{
@@ -60,18 +61,6 @@ fn inserts(range: std::ops::Range<usize>) -> Vec<Change> {
     range.map(|k| Change::Insert(node(k))).collect()
 }
 
-/// Everything observable of every node, creation times aside.
-fn snapshot(bank: &Bank) -> Vec<String> {
-    (0..bank.node_count())
-        .map(|i| {
-            let mut row = bank.row(i).unwrap();
-            row.created_unix_ms = 0;
-            let bits: Vec<u32> = bank.vector(i).unwrap().iter().map(|x| x.to_bits()).collect();
-            format!("{row:?} {:?} {bits:?}", bank.payload(i).unwrap())
-        })
-        .collect()
-}
-
 fn wal_size_bytes(dir: &Path) -> u64 {
     std::fs::metadata(dir.join("wal.log")).unwrap().len()
 }
@@ -109,19 +98,19 @@ fn a_load_stores_what_a_transaction_stores_and_skips_the_wal() {
         };
         assert_eq!(ids(&acks_loaded), ids(&acks_logged), "{precision:?}");
         assert_eq!(ids(&acks_column), ids(&acks_logged), "{precision:?}");
-        assert_eq!(snapshot(&loaded), snapshot(&logged), "{precision:?}");
-        assert_eq!(snapshot(&by_column), snapshot(&logged), "{precision:?}");
+        assert_eq!(node_snapshot(&loaded), node_snapshot(&logged), "{precision:?}");
+        assert_eq!(node_snapshot(&by_column), node_snapshot(&logged), "{precision:?}");
         // Checkpointed, not logged: the WAL is a bare header again.
         assert_eq!(wal_size_bytes(b.path()), 64, "{precision:?}");
         assert_eq!(wal_size_bytes(c.path()), 64, "{precision:?}");
         assert!(loaded.durable_below_lsn() > acks_loaded.iter().map(lsn).max().unwrap());
 
         // Durable without close (the handle is just dropped) and intact.
-        let expected = snapshot(&logged);
+        let expected = node_snapshot(&logged);
         drop((loaded, by_column));
         for dir in [b.path(), c.path()] {
             let reopened = Bank::open_dir(dir, OpenOptions::default()).unwrap();
-            assert_eq!(snapshot(&reopened), expected, "{precision:?}");
+            assert_eq!(node_snapshot(&reopened), expected, "{precision:?}");
             assert!(reopened.verify().unwrap().problems.is_empty(), "{precision:?}");
             assert_eq!(reopened.resolve(&NodeRef::External("ext-8".into())).unwrap(), 8);
         }
@@ -141,7 +130,7 @@ fn a_load_is_all_or_nothing_and_names_the_bad_item() {
     let dir = tempfile::tempdir().unwrap();
     let mut bank = Bank::create_dir(dir.path(), config(Precision::F32)).unwrap();
     bank.load(&inserts(0..4)).unwrap();
-    let before = snapshot(&bank);
+    let before = node_snapshot(&bank);
 
     let mut bad_vector = inserts(4..9);
     if let Change::Insert(n) = &mut bad_vector[3] {
@@ -167,7 +156,7 @@ fn a_load_is_all_or_nothing_and_names_the_bad_item() {
             }
             other => panic!("expected a batch item error, got {other:?}"),
         }
-        assert_eq!(snapshot(&bank), before, "a refused load left nothing behind");
+        assert_eq!(node_snapshot(&bank), before, "a refused load left nothing behind");
     }
     // Still writable, and the ids of the refused loads are free again.
     bank.load(&inserts(4..9)).unwrap();
@@ -251,7 +240,7 @@ fn a_failed_load_shows_what_a_restart_finds() {
         let storage = SimStorage::new();
         let mut bank = Bank::create(Arc::new(storage.clone()), config(Precision::Int8)).unwrap();
         bank.load(&first).unwrap();
-        let before = snapshot(&bank);
+        let before = node_snapshot(&bank);
         let at_op = storage.op_count() + j;
         storage.set_plan(Some(FaultPlan {
             at_op,
@@ -260,8 +249,9 @@ fn a_failed_load_shows_what_a_restart_finds() {
         let result = bank.load(&more);
         let fired = storage.op_count() > at_op;
         storage.set_plan(None);
-        let shown = snapshot(&bank);
-        let reopen = |loss| snapshot(&Bank::open(Arc::new(storage.crash_image(loss)), OpenOptions::default()).unwrap());
+        let shown = node_snapshot(&bank);
+        let reopen =
+            |loss| node_snapshot(&Bank::open(Arc::new(storage.crash_image(loss)), OpenOptions::default()).unwrap());
         match result {
             Ok(_) => {
                 assert_eq!(shown.len(), 9);
@@ -356,11 +346,11 @@ fn big_loads_equal_transactions() {
                 logged.transact(chunk, None).unwrap();
             }
             loaded.load(&big).unwrap();
-            let want = snapshot(&logged);
-            assert_eq!(snapshot(&loaded), want, "{what}");
+            let want = node_snapshot(&logged);
+            assert_eq!(node_snapshot(&loaded), want, "{what}");
             drop((logged, loaded));
             let reopened = Bank::open_dir(b.path(), OpenOptions::default()).unwrap();
-            assert_eq!(snapshot(&reopened), want, "{what}: reopened");
+            assert_eq!(node_snapshot(&reopened), want, "{what}: reopened");
             let report = reopened.verify().unwrap();
             assert!(report.problems.is_empty(), "{what}: {:?}", report.problems);
             drop(reopened);

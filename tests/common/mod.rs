@@ -1,3 +1,4 @@
 pub mod crashkit;
 pub mod fuzz_bodies;
 pub mod llm_server;
+pub mod snapshot;
