@@ -12,6 +12,8 @@ use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use subtle::ConstantTimeEq;
 
+use std::ops::ControlFlow;
+
 use super::core::Core;
 use super::error::{ApiError, ApiResult};
 use super::vectors::{WithEmbedding, parse_with_embedding};
@@ -228,25 +230,37 @@ pub(super) const NESTING_BLOCK_BYTES: usize = 64;
 /// The byte offset where nesting first exceeds `max_depth`, if it does.
 /// Brackets inside strings do not count.
 pub(super) fn nesting_beyond(bytes: &[u8], max_depth: usize) -> Option<usize> {
+    let walked = walk_structure(bytes, |state, at, b| match state.step(b, max_depth) {
+        true => ControlFlow::Break(at),
+        false => ControlFlow::Continue(()),
+    });
+    walked.break_value()
+}
+
+/// Feeds every byte of `bytes` that can matter to the nesting state, with
+/// its offset, to `visit`, which steps the state itself and may stop the
+/// walk. Blocks holding nothing structural are skipped whole, unless a
+/// backslash before them escapes their first byte.
+pub(super) fn walk_structure<B>(
+    bytes: &[u8],
+    mut visit: impl FnMut(&mut Nesting, usize, u8) -> ControlFlow<B>,
+) -> ControlFlow<B> {
     let mut state = Nesting::default();
     for (block, chunk) in bytes.chunks(NESTING_BLOCK_BYTES).enumerate() {
-        // A block after a backslash is walked: its first byte is escaped.
         if !state.escaped && !structural_block(chunk) {
             continue;
         }
         for (i, &b) in chunk.iter().enumerate() {
-            if state.step(b, max_depth) {
-                return Some(block * NESTING_BLOCK_BYTES + i);
-            }
+            visit(&mut state, block * NESTING_BLOCK_BYTES + i, b)?;
         }
     }
-    None
+    ControlFlow::Continue(())
 }
 
 /// Whether a block holds a byte that can change the nesting or the string
 /// state. A fold over the whole block, not `any`, so that it vectorises;
 /// most blocks of a body are numbers and commas.
-pub(super) fn structural_block(chunk: &[u8]) -> bool {
+fn structural_block(chunk: &[u8]) -> bool {
     chunk.iter().fold(false, |seen, &b| seen | is_structural(b))
 }
 

@@ -13,13 +13,13 @@
 //! beyond 10^22, a key written with escapes, the key twice, broken JSON)
 //! takes serde_json's whole-body parse, whose errors name the field.
 
-use std::ops::Range;
+use std::ops::{ControlFlow, Range};
 
 use serde::de::DeserializeOwned;
 
 use super::body::{InsertRequest, TreeQuery};
 use super::error::ApiResult;
-use super::http::{Nesting, nesting_beyond, parse_json, structural_block};
+use super::http::{parse_json, walk_structure};
 
 /// A request body with a top-level `embedding`.
 pub trait WithEmbedding {
@@ -49,10 +49,7 @@ pub fn parse_with_embedding<T: DeserializeOwned + WithEmbedding>(bytes: &[u8], m
 
 /// The fast path; None sends the body to serde_json whole.
 fn fast_parse<T: DeserializeOwned + WithEmbedding>(bytes: &[u8], max_depth: usize) -> Option<T> {
-    if nesting_beyond(bytes, max_depth).is_some() {
-        return None;
-    }
-    let span = embedding_span(bytes)?;
+    let span = embedding_span(bytes, max_depth)?;
     let embedding = parse_f32_array(&bytes[span.clone()])?;
     let mut rest = Vec::with_capacity(bytes.len() - span.len() + 2);
     rest.extend_from_slice(&bytes[..span.start]);
@@ -64,32 +61,35 @@ fn fast_parse<T: DeserializeOwned + WithEmbedding>(bytes: &[u8], max_depth: usiz
 }
 
 /// Where the value of the top-level key `embedding` lies, from its `[` to
-/// its `]`; None when there is no such array or the top level's keys are
-/// not plain (one written with a backslash might spell `embedding`; the
-/// key twice must be refused by serde_json).
-fn embedding_span(bytes: &[u8]) -> Option<Range<usize>> {
-    let mut state = Nesting::default();
+/// its `]`; None when there is no such array, the nesting goes beyond
+/// `max_depth` (serde_json's path then names the offset), or the top
+/// level's keys are not plain (one written with a backslash might spell
+/// `embedding`; the key twice must be refused by serde_json). One walk
+/// checks the nesting and finds the keys.
+fn embedding_span(bytes: &[u8], max_depth: usize) -> Option<Range<usize>> {
     let mut keys = TopKeys::default();
-    for (block, chunk) in bytes.chunks(super::http::NESTING_BLOCK_BYTES).enumerate() {
-        if !state.escaped && !structural_block(chunk) {
-            continue;
+    let walked = walk_structure(bytes, |state, at, b| {
+        let (was_in_string, depth_before) = (state.in_string, state.depth);
+        if state.step(b, max_depth) {
+            return ControlFlow::Break(());
         }
-        for (i, &b) in chunk.iter().enumerate() {
-            let at = block * super::http::NESTING_BLOCK_BYTES + i;
-            let (was_in_string, depth_before) = (state.in_string, state.depth);
-            state.step(b, usize::MAX);
-            match (was_in_string, state.in_string) {
-                (false, true) if state.depth == 1 => keys.string_opened(at),
-                (true, true) => keys.escaped |= b == b'\\',
-                (true, false) if state.depth == 1 => keys.string_closed(bytes, at)?,
-                _ => {}
+        match (was_in_string, state.in_string) {
+            (false, true) if state.depth == 1 => keys.string_opened(at),
+            (true, true) => keys.escaped |= b == b'\\',
+            (true, false) if state.depth == 1 && keys.string_closed(bytes, at).is_none() => {
+                return ControlFlow::Break(());
             }
-            if !was_in_string && depth_before == 2 && state.depth == 1 {
-                keys.closed_at_depth_one(at);
-            }
+            _ => {}
         }
+        if !was_in_string && depth_before == 2 && state.depth == 1 {
+            keys.closed_at_depth_one(at);
+        }
+        ControlFlow::Continue(())
+    });
+    match walked {
+        ControlFlow::Break(()) => None,
+        ControlFlow::Continue(()) => keys.span,
     }
-    keys.span
 }
 
 /// What `embedding_span` tracks of the top level's keys.
