@@ -215,18 +215,10 @@ pub fn decode_ops(body: &[u8], op_count: u16, dim_count: u32) -> Result<Vec<WalO
 
 /// Encodes a record chained to `prev_crc`. Returns the bytes and its CRC.
 pub fn encode_record(prev_crc: u32, lsn: u64, op_count: u16, body: &[u8]) -> (Vec<u8>, u32) {
-    let mut out = Vec::new();
-    let crc = encode_record_into(prev_crc, lsn, op_count, body, &mut out);
-    (out, crc)
-}
-
-/// As [`encode_record`], into `out` (cleared first; a writer reuses it, so
-/// a record costs no fresh pages). Returns the record's CRC.
-pub fn encode_record_into(prev_crc: u32, lsn: u64, op_count: u16, body: &[u8], out: &mut Vec<u8>) -> u32 {
-    out.clear();
-    out.resize(RECORD_HEADER_SIZE_BYTES, 0);
+    let mut out = vec![0u8; RECORD_HEADER_SIZE_BYTES];
     out.extend_from_slice(body);
-    frame_record(prev_crc, lsn, op_count, out)
+    let crc = frame_record(prev_crc, lsn, op_count, &mut out);
+    (out, crc)
 }
 
 /// Fills in the header of a record whose body was built in place after

@@ -225,19 +225,12 @@ pub struct WalWriter {
     next_lsn: u64,
     end_bytes: u64,
     /// File length: the bytes from `end_bytes` to here are zeros written
-    /// ahead of the records (see `append`).
+    /// ahead of the records (see `append_framed`).
     allocated_bytes: u64,
     prev_crc: u32,
     /// Every record with lsn < synced_below is durable.
     synced_below: u64,
-    /// The record being written, reused (up to `KEPT_FRAME_BYTES`).
-    frame: Vec<u8>,
 }
-
-/// The frame buffer a writer keeps between records: transactions of a
-/// bulk insert (a few MB each) reuse its pages instead of faulting fresh
-/// ones for every record.
-const KEPT_FRAME_BYTES: usize = 16 << 20;
 
 /// The most a small record that reaches the end of the WAL zero-fills
 /// ahead of itself: as much as the log already holds (so a small log
@@ -276,7 +269,6 @@ impl WalWriter {
             allocated_bytes: WAL_HEADER_SIZE_BYTES as u64,
             prev_crc: header.chain_seed(),
             synced_below: header.start_lsn,
-            frame: Vec::new(),
         })
     }
 
@@ -314,7 +306,6 @@ impl WalWriter {
             },
             prev_crc: scan.last_crc,
             synced_below: scan.next_lsn(),
-            frame: Vec::new(),
         })
     }
 
@@ -335,25 +326,12 @@ impl WalWriter {
         self.synced_below < self.next_lsn
     }
 
-    /// Appends one record with a single positional write. Returns its LSN.
-    /// A small record that reaches past the zeros written ahead carries
-    /// more zeros in the same write (`preallocated_end`).
-    pub fn append(&mut self, op_count: u16, body: &[u8]) -> Result<u64, StorageError> {
-        let mut record = std::mem::take(&mut self.frame);
-        record.clear();
-        record.resize(RECORD_HEADER_SIZE_BYTES, 0);
-        record.extend_from_slice(body);
-        let appended = self.append_framed(op_count, &mut record);
-        if record.capacity() <= KEPT_FRAME_BYTES {
-            self.frame = record;
-        }
-        appended
-    }
-
-    /// As `append`, for a body built in `record` after
-    /// `RECORD_HEADER_SIZE_BYTES` bytes of room: the header is filled in
-    /// there and the buffer written as it is, so a transaction of a few MB
-    /// is not copied into a frame first. `record` holds the record on
+    /// Appends one record with a single positional write and returns its
+    /// LSN. The body is built in `record` after `RECORD_HEADER_SIZE_BYTES`
+    /// bytes of room: the header is filled in there and the buffer written
+    /// as it is, so a transaction of a few MB is not copied into a frame
+    /// first. A small record that reaches past the zeros written ahead
+    /// carries more zeros in the same write (`preallocated_end`). `record` holds the record on
     /// return (zeros written ahead of it are not left in it).
     pub fn append_framed(&mut self, op_count: u16, record: &mut Vec<u8>) -> Result<u64, StorageError> {
         let lsn = self.next_lsn;
