@@ -42,17 +42,10 @@ fn load_average() -> String {
         .join(" ")
 }
 
-/// Values in [-0.5, 0.5) from a xorshift generator.
+/// Values in [-0.5, 0.5) from the project's test generator.
 fn values(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.max(1);
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect()
+    let mut rng = deltamem::storage::sim::Rng(seed.max(1));
+    (0..n).map(|_| rng.next_f32() - 0.5).collect()
 }
 
 /// One pass of `score` over `slot_of(0..rows)`, STEP_ROWS rows per call:

@@ -112,25 +112,7 @@ fn drive(url: &str, clients: usize, per_client: usize, body: impl Fn(usize, usiz
         let handles: Vec<_> = (0..clients)
             .map(|c| {
                 let body = &body;
-                scope.spawn(move || {
-                    let agent: ureq::Agent = ureq::Agent::config_builder().build().into();
-                    let mut out = Vec::new();
-                    for i in 0..per_client {
-                        if started.elapsed() > PHASE_LIMIT {
-                            break;
-                        }
-                        let text = body(c, i);
-                        let t = Instant::now();
-                        let mut r = agent
-                            .post(url)
-                            .header("content-type", "application/json")
-                            .send(&text)
-                            .unwrap();
-                        let _ = r.body_mut().read_to_string().unwrap();
-                        out.push(t.elapsed().as_secs_f64() * 1e3);
-                    }
-                    out
-                })
+                scope.spawn(move || post_until(url, started, PHASE_LIMIT, per_client, |i| body(c, i)))
             })
             .collect();
         handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
@@ -316,7 +298,7 @@ fn insert_run(base: &str, url: &str, clients: usize, bodies: &[Vec<String>]) -> 
                     .name(format!("load-client-{c}"))
                     .spawn_scoped(scope, move || {
                         let before = usage(libc::RUSAGE_THREAD);
-                        let out = post_until(url, started, per_client, |i| &bodies[i % bodies.len()]);
+                        let out = post_until(url, started, INSERT_RUN, per_client, |i| &bodies[i % bodies.len()]);
                         let after = usage(libc::RUSAGE_THREAD);
                         (out, after.0 - before.0, after.1 - before.1)
                     })
@@ -350,20 +332,27 @@ fn insert_run(base: &str, url: &str, clients: usize, bodies: &[Vec<String>]) -> 
     }
 }
 
-/// One client's closed loop: post, read the answer, again, until the run's
-/// time or count is up; the latencies.
-fn post_until<'b>(url: &str, started: Instant, count: usize, body: impl Fn(usize) -> &'b String) -> Vec<f64> {
+/// One client's closed loop: post, read the answer, again, until `limit`
+/// has passed since `started` or `count` requests were sent; the latencies.
+fn post_until<S: AsRef<str>>(
+    url: &str,
+    started: Instant,
+    limit: Duration,
+    count: usize,
+    body: impl Fn(usize) -> S,
+) -> Vec<f64> {
     let agent: ureq::Agent = ureq::Agent::config_builder().build().into();
     let mut out = Vec::new();
     for i in 0..count {
-        if started.elapsed() > INSERT_RUN {
+        if started.elapsed() > limit {
             break;
         }
+        let text = body(i);
         let t = Instant::now();
         let mut r = agent
             .post(url)
             .header("content-type", "application/json")
-            .send(body(i).as_str())
+            .send(text.as_ref())
             .unwrap();
         let _ = r.body_mut().read_to_string().unwrap();
         out.push(t.elapsed().as_secs_f64() * 1e3);
@@ -408,14 +397,9 @@ fn write_counters(base: &str) -> (f64, f64) {
     counters(base, ["deltamem_wal_syncs_total", "deltamem_write_rounds_total"])
 }
 
-/// CPU seconds this process has used (user + system), from /proc.
+/// CPU seconds this process has used (user + system).
 fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after_name = stat.rsplit(')').next().unwrap_or("");
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 here.
-    (ticks(11) + ticks(12)) / 100.0
+    usage(libc::RUSAGE_SELF).0
 }
 
 /// The batch kernel in the library: 32 queries in one `query_batch` pass

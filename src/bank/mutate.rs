@@ -131,6 +131,8 @@ struct Prepared {
 pub struct PendingIds {
     ids: std::collections::HashMap<ExternalKey, u32>,
     checked: u32,
+    /// The checked node's normalised vector, reused row after row.
+    vector: Vec<f32>,
 }
 
 /// Checks and L2-normalises an embedding.
@@ -556,7 +558,7 @@ impl Bank {
         embedding: Option<&[f32]>,
         pending: &mut PendingIds,
     ) -> Result<(), BankError> {
-        let content = self.check_content(node, embedding.unwrap_or(&node.embedding), &mut Vec::new())?;
+        let content = self.check_content(node, embedding.unwrap_or(&node.embedding), &mut pending.vector)?;
         // The index the node will get if every node checked is written.
         let index = self.node_count().saturating_add(pending.checked);
         pending.checked = pending.checked.saturating_add(1);
@@ -840,20 +842,13 @@ mod tests {
     /// components across the f32 range, subnormals included.
     #[test]
     fn normalising_gives_the_same_bits_on_every_path() {
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut rng = crate::storage::sim::Rng(0x9E37_79B9_7F4A_7C15);
         for len in [1usize, 3, 7, 8, 9, 63, 384, 768, 1537] {
             for _ in 0..40 {
                 let v: Vec<f32> = (0..len)
                     .map(|_| {
-                        let r = next();
-                        let mantissa = (r >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-                        mantissa * 2f32.powi((r % 250) as i32 - 140)
+                        let mantissa = rng.next_f32() - 0.5;
+                        mantissa * 2f32.powi((rng.next() % 250) as i32 - 140)
                     })
                     .collect();
                 let sum = sum_of_squares(&v);
