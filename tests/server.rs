@@ -137,6 +137,71 @@ fn every_endpoint_answers_as_documented() {
     assert_eq!(server.terminate(), 0);
 }
 
+/// The document states this bank's dimension and trees and this server's
+/// batch limit, and the server holds to them: what the bounds allow
+/// succeeds, one past them is refused.
+#[test]
+fn the_openapi_document_states_the_banks_bounds() {
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &["--max-batch", "2"]);
+    let doc = server.get("/openapi.json");
+    let schemas = &doc["components"]["schemas"];
+    let embedding = &schemas["InsertRequest"]["properties"]["embedding"];
+    assert_eq!(
+        (embedding["minItems"].as_u64(), embedding["maxItems"].as_u64()),
+        (Some(8), Some(8))
+    );
+    let trees = schemas["InsertRequest"]["properties"]["tree"]["enum"].clone();
+    assert_eq!(trees, json!(["task", "env"]));
+    let batch = &schemas["QueryBatchRequest"]["properties"]["embeddings"];
+    assert_eq!(batch["maxItems"], 2);
+    assert_eq!(batch["items"]["maxItems"], 8);
+    assert_eq!(schemas["TreeQuery"]["properties"]["embedding"]["minItems"], 8);
+    assert_eq!(embedding["items"]["maximum"].as_f64().map(|m| m as f32), Some(f32::MAX));
+    assert_eq!(schemas["TreeQuery"]["properties"]["tau"]["maximum"], 1.0);
+    assert_eq!(schemas["QueryBatchRequest"]["properties"]["eps"]["minimum"], 0.0);
+    assert_eq!(schemas["TreeQuery"]["properties"]["k"]["maximum"], 1000);
+    assert_eq!(schemas["InsertBatchRequest"]["properties"]["nodes"]["maxItems"], 2);
+    assert_eq!(schemas["RetrievalsRequest"]["properties"]["ids"]["maxItems"], 2);
+    let query = &doc["paths"]["/v1/trees/{tree}/query"]["post"]["parameters"][0];
+    assert_eq!((&query["name"], &query["schema"]["enum"]), (&json!("tree"), &trees));
+
+    let limit = embedding["maxItems"].as_u64().unwrap() as usize;
+    server.post("/v1/nodes", &node("env", json!("root"), "a", &one_hot(limit - 1)));
+    let mut long = one_hot(0);
+    long.push(1.0);
+    server.fails(
+        "POST",
+        "/v1/nodes",
+        Some(&node("env", json!("root"), "b", &long).to_string()),
+        400,
+    );
+    assert_eq!(schemas["InsertRequest"]["properties"]["scenario"]["pattern"], "\\S");
+    server.fails(
+        "POST",
+        "/v1/nodes",
+        Some(&node("env", json!("root"), " \t", &one_hot(0)).to_string()),
+        400,
+    );
+    let query = json!({"embeddings": [one_hot(0), one_hot(1)]});
+    server.post("/v1/trees/env/query_batch", &query);
+    let three = json!({"embeddings": [one_hot(0), one_hot(1), one_hot(2)]}).to_string();
+    server.fails("POST", "/v1/trees/env/query_batch", Some(&three), 400);
+    server.fails(
+        "POST",
+        "/v1/trees/other/query",
+        Some(&json!({"embedding": one_hot(0)}).to_string()),
+        404,
+    );
+    let k = json!({"embedding": one_hot(0), "k": 1001}).to_string();
+    server.fails("POST", "/v1/trees/env/query", Some(&k), 400);
+    let huge = json!({"embedding": one_hot(0)})
+        .to_string()
+        .replacen("0.0", "3.5e38", 1);
+    server.fails("POST", "/v1/trees/env/query", Some(&huge), 400);
+    assert_eq!(server.terminate(), 0);
+}
+
 #[test]
 fn every_error_status_names_the_problem() {
     let (_dir, path) = bank(DIM as u32);

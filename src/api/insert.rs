@@ -17,6 +17,7 @@ pub struct InsertRequest {
     pub attach: AttachJson,
     pub label: LabelJson,
     /// The text the node is about (not empty).
+    #[cfg_attr(feature = "schema", schemars(regex(pattern = r"\S")))]
     pub scenario: String,
     /// The node's fields (string values), at most 4 MiB with the scenario.
     pub payload: Fields,
@@ -25,8 +26,17 @@ pub struct InsertRequest {
     /// External id: a lowercase hyphenated UUID or 1..=16 bytes of text,
     /// not all digits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(regex(pattern = EXTERNAL_ID_PATTERN)))]
     pub id: Option<String>,
 }
+
+/// What the schema offers for an external id: a lowercase hyphenated UUID,
+/// or 1..=16 printable ASCII characters not all digits (a subset of the
+/// 1..=16 bytes of text `Bank` takes, so a client that follows it is not
+/// refused for the id's form).
+#[cfg(feature = "schema")]
+const EXTERNAL_ID_PATTERN: &str =
+    "^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|(?=[ -~]*[^0-9])[ -~]{1,16})$";
 
 impl From<InsertRequest> for NewNode {
     fn from(r: InsertRequest) -> NewNode {

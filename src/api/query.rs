@@ -17,8 +17,10 @@ pub struct QueryRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub k: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = -1.0, max = 1.0)))]
     pub tau: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
     pub eps: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub include_consolidated: Option<bool>,
@@ -51,9 +53,11 @@ pub struct TreeQuery {
     pub k: Option<usize>,
     /// Threshold in -1..=1 (default: the tree's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = -1.0, max = 1.0)))]
     pub tau: Option<f32>,
     /// Failure penalty, finite and >= 0 (default: the bank's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
     pub eps: Option<f32>,
     /// Also match nodes already distilled into a consolidated root.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -25,9 +25,11 @@ pub struct QueryBatchRequest {
     pub k: Option<usize>,
     /// Threshold in -1..=1 (default: the tree's).
     #[serde(default)]
+    #[schemars(range(min = -1.0, max = 1.0))]
     pub tau: Option<f32>,
     /// Failure penalty, finite and >= 0 (default: the bank's).
     #[serde(default)]
+    #[schemars(range(min = 0.0))]
     pub eps: Option<f32>,
     /// Also match nodes already distilled into a consolidated root.
     #[serde(default)]

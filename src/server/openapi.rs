@@ -180,7 +180,19 @@ fn agent_operations(g: &mut SchemaGenerator) -> Vec<Op> {
 /// Statuses every operation may answer with an error body.
 const ERROR_STATUSES: [&str; 8] = ["400", "401", "404", "405", "408", "409", "413", "503"];
 
-pub fn document() -> Value {
+/// What the serving bank and the server's limits allow, beyond what the
+/// types say: written into the document so that a client, and a fuzzer
+/// driven by the schema, sends what can succeed (an embedding of any other
+/// length, or a tree the bank lacks, gets a 400 or 404 and nothing more).
+pub struct Bounds {
+    pub dim: u32,
+    pub trees: Vec<String>,
+    pub batch_items: usize,
+    /// Most matches one query may ask for.
+    pub k_max: usize,
+}
+
+pub fn document(bounds: &Bounds) -> Value {
     let mut g = SchemaSettings::openapi3().into_generator();
     let ops = operations(&mut g);
     let error = json_content(g.subschema_for::<ErrorOut>());
@@ -211,7 +223,9 @@ pub fn document() -> Value {
         let entry = paths.entry(o.path.to_string()).or_insert_with(|| json!({}));
         entry[o.method] = operation;
     }
-    let schemas: Map<String, Value> = g.take_definitions(true).into_iter().collect();
+    let mut schemas: Map<String, Value> = g.take_definitions(true).into_iter().collect();
+    constrain_schemas(&mut schemas, bounds);
+    constrain_tree_params(&mut paths, &bounds.trees);
     json!({
         "openapi": "3.0.3",
         "info": {"title": "deltamem serve", "version": env!("CARGO_PKG_VERSION"),
@@ -223,6 +237,61 @@ pub fn document() -> Value {
         },
         "security": [{"bearer": []}, {}]
     })
+}
+
+/// Every embedding holds exactly `dim` finite f32s, not all zero; a query asks for at
+/// most `k_max` matches; a batch (of nodes, of
+/// query embeddings, of ids) at most `batch_items` entries; a tree names
+/// one of the bank's.
+fn constrain_schemas(schemas: &mut Map<String, Value>, bounds: &Bounds) {
+    let vector = json!(bounds.dim);
+    let mut set = |schema: &str, field: &str, f: &dyn Fn(&mut Value)| match schemas
+        .get_mut(schema)
+        .and_then(|s| s.pointer_mut(&format!("/properties/{field}")))
+    {
+        Some(property) => f(property),
+        None => panic!("the document has no property {schema}.{field}"),
+    };
+    // Components beyond f32's range parse to infinity, which is refused.
+    let exact_dim = |p: &mut Value| {
+        p["minItems"] = vector.clone();
+        p["maxItems"] = vector.clone();
+        p["items"]["minimum"] = json!(-f32::MAX);
+        p["items"]["maximum"] = json!(f32::MAX);
+        // Not all zeros: such a vector has no direction to normalise to.
+        p["not"] = json!({"items": {"enum": [0]}});
+    };
+    let k = |p: &mut Value| p["maximum"] = json!(bounds.k_max);
+    let batch = |p: &mut Value| p["maxItems"] = json!(bounds.batch_items);
+    let tree = |p: &mut Value| p["enum"] = json!(bounds.trees);
+    set("InsertRequest", "embedding", &exact_dim);
+    set("InsertRequest", "tree", &tree);
+    set("TreeQuery", "embedding", &exact_dim);
+    set("TreeQuery", "k", &k);
+    set("QueryBatchRequest", "k", &k);
+    set("NodeDetail", "embedding", &exact_dim);
+    set("QueryBatchRequest", "embeddings", &|p: &mut Value| {
+        batch(p);
+        exact_dim(&mut p["items"]);
+    });
+    set("InsertBatchRequest", "nodes", &batch);
+    set("RetrievalsRequest", "ids", &batch);
+}
+
+/// The `{tree}` path parameter takes one of the bank's tree names.
+fn constrain_tree_params(paths: &mut Map<String, Value>, trees: &[String]) {
+    for operation in paths
+        .values_mut()
+        .filter_map(Value::as_object_mut)
+        .flat_map(|o| o.values_mut())
+    {
+        let Some(params) = operation.get_mut("parameters").and_then(Value::as_array_mut) else {
+            continue;
+        };
+        for param in params.iter_mut().filter(|p| p["name"] == TREE.0 && p["in"] == TREE.1) {
+            param["schema"]["enum"] = json!(trees);
+        }
+    }
 }
 
 fn with_description(mut v: Value, description: &str) -> Value {

@@ -26,7 +26,7 @@ pub fn api() -> Router<AppState> {
     router
         .route("/healthz", get(|| async { Json(HealthOut { ok: true }) }))
         .route("/metrics", get(metrics))
-        .route("/openapi.json", get(|| async { Json(super::openapi::document()) }))
+        .route("/openapi.json", get(openapi))
         .route("/v1/bank", get(bank_info))
         .route("/v1/stats", get(stats))
         .route("/v1/verify", get(verify))
@@ -90,6 +90,23 @@ async fn bank_info(State(state): State<AppState>) -> ApiResult<Json<BankInfo>> {
     let read_only = state.core.read_only();
     state
         .blocking(move |core| Ok(Json(BankInfo::new(&*core.read()?, read_only))))
+        .await
+}
+
+/// The OpenAPI document, bounded by this bank's dimension and trees and
+/// this server's batch limit (`openapi::Bounds`).
+async fn openapi(State(state): State<AppState>) -> ApiResult<Json<serde_json::Value>> {
+    let (batch_items, k_max) = (state.limits.batch_items, state.limits.page_items);
+    state
+        .blocking(move |core| {
+            let bounds = super::openapi::Bounds {
+                dim: core.dim_count(),
+                trees: core.read()?.tree_names(),
+                batch_items,
+                k_max,
+            };
+            Ok(Json(super::openapi::document(&bounds)))
+        })
         .await
 }
 
