@@ -97,12 +97,18 @@ fn apply_round(shared: &Shared, jobs: Vec<WriteJob>) {
 pub(super) fn checkpoint_beside_queries(shared: &Shared) -> Result<(), BankError> {
     let poisoned = || BankError::Poisoned("the bank's lock was poisoned by a panic".into());
     answer_held(shared);
+    let started = Instant::now();
     let prepared = shared.bank.read().map_err(|_| poisoned())?.prepare_checkpoint();
-    let published = shared
-        .bank
-        .write()
-        .map_err(|_| poisoned())?
-        .publish_checkpoint(prepared);
+    let prepare = started.elapsed();
+    let published = {
+        let mut bank = shared.bank.write().map_err(|_| poisoned())?;
+        // Timed from the lock's grant: what a query may wait behind.
+        let held = Instant::now();
+        let published = bank.publish_checkpoint(prepared);
+        drop(bank);
+        shared.metrics.checkpoint(prepare, held.elapsed());
+        published
+    };
     announce(shared);
     published
 }

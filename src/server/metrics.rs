@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use crate::bank::Stats;
 
@@ -29,6 +30,18 @@ pub struct Metrics {
     writes: AtomicU64,
     query_batches: AtomicU64,
     queries: AtomicU64,
+    checkpoints: Checkpoints,
+}
+
+/// What the server's checkpoints cost, in microseconds: the first half
+/// runs beside queries (read lock), the second holds the bank's exclusive
+/// lock, so its time is what a query may wait behind a checkpoint.
+#[derive(Default)]
+struct Checkpoints {
+    count: AtomicU64,
+    prepare_us: AtomicU64,
+    publish_us: AtomicU64,
+    publish_max_us: AtomicU64,
 }
 
 impl Metrics {
@@ -58,6 +71,17 @@ impl Metrics {
     pub fn query_batch(&self, queries: usize) {
         self.query_batches.fetch_add(1, Ordering::Relaxed);
         self.queries.fetch_add(queries as u64, Ordering::Relaxed);
+    }
+
+    /// A checkpoint ran: `prepare` beside queries, `publish` under the
+    /// exclusive lock.
+    pub fn checkpoint(&self, prepare: Duration, publish: Duration) {
+        let c = &self.checkpoints;
+        let publish_us = publish.as_micros() as u64;
+        c.count.fetch_add(1, Ordering::Relaxed);
+        c.prepare_us.fetch_add(prepare.as_micros() as u64, Ordering::Relaxed);
+        c.publish_us.fetch_add(publish_us, Ordering::Relaxed);
+        c.publish_max_us.fetch_max(publish_us, Ordering::Relaxed);
     }
 
     pub fn wal_sync_count(&self) -> u64 {
@@ -96,6 +120,7 @@ impl Metrics {
             "Single queries scored.",
             &self.queries,
         );
+        self.render_checkpoints(&mut out);
         out.push_str("# HELP deltamem_http_requests_total HTTP requests by route and status.\n");
         out.push_str("# TYPE deltamem_http_requests_total counter\n");
         if let Ok(r) = self.requests.lock() {
@@ -111,6 +136,32 @@ impl Metrics {
             render_stats(&mut out, s);
         }
         out
+    }
+
+    fn render_checkpoints(&self, out: &mut String) {
+        let c = &self.checkpoints;
+        counter(
+            out,
+            "deltamem_checkpoints_total",
+            "Checkpoints run by the writer.",
+            &c.count,
+        );
+        let seconds = |us: &AtomicU64| us.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(
+            out,
+            "# HELP deltamem_checkpoint_prepare_seconds_total Checkpoint time spent beside queries (read lock).\n\
+             # TYPE deltamem_checkpoint_prepare_seconds_total counter\n\
+             deltamem_checkpoint_prepare_seconds_total {}\n\
+             # HELP deltamem_checkpoint_publish_seconds_total Checkpoint time holding the bank's exclusive lock.\n\
+             # TYPE deltamem_checkpoint_publish_seconds_total counter\n\
+             deltamem_checkpoint_publish_seconds_total {}\n\
+             # HELP deltamem_checkpoint_publish_seconds_max The longest exclusive hold of one checkpoint.\n\
+             # TYPE deltamem_checkpoint_publish_seconds_max gauge\n\
+             deltamem_checkpoint_publish_seconds_max {}",
+            seconds(&c.prepare_us),
+            seconds(&c.publish_us),
+            seconds(&c.publish_max_us)
+        );
     }
 
     fn render_latency(&self, out: &mut String) {

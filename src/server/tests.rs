@@ -140,7 +140,32 @@ fn queries_run_while_the_automatic_checkpoint_writes() {
         .block_on(core.query("task", node(0).embedding, QueryOptions::default()))
         .unwrap();
     assert_eq!(reply.matches[0].id, 0);
+    // Held 50 ms more, so the prepare half outlasts the publish half.
+    std::thread::sleep(Duration::from_millis(50));
     gate.release();
+    // /metrics counts it, its held half beside queries, once it is done.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let text = loop {
+        let text = core.metrics().render(None);
+        if text.contains("deltamem_checkpoints_total 1\n") || std::time::Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(text.contains("deltamem_checkpoints_total 1\n"), "{text}");
+    let seconds = |name: &str| -> f64 {
+        let line = text.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap();
+        line[name.len() + 1..].parse().unwrap()
+    };
+    let (prepare_s, publish_s) = (
+        seconds("deltamem_checkpoint_prepare_seconds_total"),
+        seconds("deltamem_checkpoint_publish_seconds_total"),
+    );
+    assert!(
+        prepare_s > publish_s,
+        "the gate held the prepare half: {prepare_s} vs {publish_s}"
+    );
+    assert_eq!(seconds("deltamem_checkpoint_publish_seconds_max"), publish_s);
     core.shutdown().unwrap();
     drop(core);
     let reopened = Bank::open(Arc::new(sim), options).unwrap();
