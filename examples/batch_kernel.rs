@@ -13,7 +13,9 @@
 //!
 //! Prints, per set, the median ms per pass and GFLOP/s per CPU second of
 //! this thread (what a loaded machine still lets one see of the kernel's
-//! speed), the wall figure, and the load average.
+//! speed), the wall figure, and the load average. At the AVX-512 level
+//! also the FMA roofline of this thread (`peak`) and each kernel's share
+//! of it: a kernel near 100% can only get faster by doing fewer FMAs.
 
 use std::time::Instant;
 
@@ -123,11 +125,18 @@ fn main() {
         level.name(),
         load_average()
     );
+    let avx512 = level == Level::Avx512;
+    // Measured first, before the pages of the column are touched.
+    let peak = avx512.then(peak::gflops);
+    if let Some(peak) = peak {
+        println!(
+            "FMA peak of this thread (16 independent 512-bit FMA chains, no loads): {peak:.1} GFLOP/s per CPU second"
+        );
+    }
     let sets: [(&str, SlotOf); 2] = [
         ("memory", Box::new(|i| i as u32)),
         ("cached", Box::new(move |i| (i % cached_rows.min(rows)) as u32)),
     ];
-    let avx512 = level == Level::Avx512;
     let check = |set: Rows<'_>| {
         let end = set.slots.iter().max().map_or(0, |&s| s as usize + 1) * DIM * 4;
         assert!(end <= column.len(), "rows inside the column");
@@ -163,8 +172,11 @@ fn main() {
         let cpu = |v: &[(f64, f64)]| median(v.iter().map(|p| p.1).collect());
         let wall = |v: &[(f64, f64)]| median(v.iter().map(|p| p.0).collect());
         let line = |what: &str, v: &[(f64, f64)]| {
+            let share = peak.map_or(String::new(), |p| {
+                format!(", {:.0}% of the FMA peak", flop / cpu(v) / 1e9 / p * 100.0)
+            });
             format!(
-                "{what}: {:.1} ms CPU per pass ({:.1} GFLOP/s per CPU second, {:.1} wall); now/this CPU {:.2}",
+                "{what}: {:.1} ms CPU per pass ({:.1} GFLOP/s per CPU second{share}, {:.1} wall); now/this CPU {:.2}",
                 cpu(v) * 1e3,
                 flop / cpu(v) / 1e9,
                 flop / wall(v) / 1e9,
@@ -180,6 +192,45 @@ fn main() {
         println!("  {}", line("single-query kernels, aligned", &times[3]));
     }
     println!("load average at the end: {}", load_average());
+}
+
+/// The FMA roofline of one thread at the AVX-512 level.
+#[cfg(target_arch = "x86_64")]
+mod peak {
+    use std::arch::x86_64::*;
+
+    const CHAINS: usize = 16;
+
+    /// `rounds` x CHAINS FMAs on registers: independent chains, enough to
+    /// cover the FMA latency, and no loads, so only the FMA units limit it.
+    #[target_feature(enable = "avx512f")]
+    fn fmas(rounds: usize) -> f32 {
+        let (a, b) = std::hint::black_box((_mm512_set1_ps(1.0e-3), _mm512_set1_ps(0.5)));
+        let mut acc = [_mm512_setzero_ps(); CHAINS];
+        for _ in 0..rounds {
+            for x in acc.iter_mut() {
+                *x = _mm512_fmadd_ps(a, b, *x);
+            }
+        }
+        let sum = acc.iter().fold(_mm512_setzero_ps(), |s, &x| _mm512_add_ps(s, x));
+        _mm512_reduce_add_ps(sum)
+    }
+
+    /// The best of three runs of ~0.1 s, in GFLOP per CPU second of this
+    /// thread (the CPU clock leaves out time the thread did not run).
+    pub fn gflops() -> f64 {
+        const ROUNDS: usize = 20_000_000;
+        let flop = (ROUNDS * CHAINS * 16 * 2) as f64;
+        (0..3)
+            .map(|_| {
+                let c = super::thread_cpu_seconds();
+                // SAFETY: called only at the AVX-512 level, so the CPU has
+                // AVX-512F.
+                std::hint::black_box(unsafe { fmas(ROUNDS) });
+                flop / (super::thread_cpu_seconds() - c) / 1e9
+            })
+            .fold(0.0, f64::max)
+    }
 }
 
 /// The batch kernel as it was before the row prefetch (2 rows x 3 queries

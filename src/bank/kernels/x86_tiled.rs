@@ -13,6 +13,18 @@
 //! from cache. While the first query group scores a tile, it prefetches
 //! the next tile's rows, line for line as it loads its own, so the other
 //! groups, and the next tile, find their rows in cache.
+//!
+//! Tried and measured slower (issue 13, examples/batch_kernel.rs, Zen 4,
+//! dim 768, 32 queries): a larger tile with the accumulator index as the
+//! outer loop (4 rows x 6 queries, one accumulator per pair per sweep over
+//! chunks j, j + 4, ..., three parked between sweeps: 10 loads per 24
+//! FMAs) took 6% (rows in L2) to 9% (rows from memory) more CPU per pass,
+//! 27-30% more when its sweeps returned the parked sums by value. Twelve
+//! chunks a sweep leave too little to pay for parking 72 vectors a tile (a
+//! scratch copy won only at dim 3072 and up). Prefetching two tiles ahead
+//! changed nothing. The issue's quiet-machine pass, 42 ms (117 GFLOP/s),
+//! is the core's FMA peak (116-117 GFLOP/s for FMAs on registers alone,
+//! which the example prints), so fewer loads cannot make it faster.
 
 use std::arch::x86_64::*;
 
