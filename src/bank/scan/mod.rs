@@ -589,7 +589,10 @@ mod tests {
         manifest.rows_per_segment = 1_024;
         manifest.node_count = 10 * 1_024 - 5;
         let base = Base::new(std::sync::Arc::new(crate::storage::MemStorage::new()), &manifest);
-        assert_eq!(segments_ahead(&base, &[0..10 * 1_024 - 5]), [1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(
+            segments_ahead(&base, std::slice::from_ref(&(0..10 * 1_024 - 5))),
+            [1, 2, 3, 4, 5, 6, 7, 8, 9]
+        );
         // Two threads: each starts on its own first segment (0 and 5).
         assert_eq!(
             segments_ahead(&base, &[0..5 * 1_024, 5 * 1_024..10 * 1_024 - 5]),
@@ -599,6 +602,6 @@ mod tests {
             segments_ahead(&base, &[0..3 * 1_024, 3 * 1_024..10 * 1_024 - 5]),
             [1, 4, 2, 5, 6, 7, 8, 9]
         );
-        assert!(segments_ahead(&base, &[0..1_000]).is_empty());
+        assert!(segments_ahead(&base, std::slice::from_ref(&(0..1_000))).is_empty());
     }
 }
