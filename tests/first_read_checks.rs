@@ -13,7 +13,7 @@ use common::crashkit::root_node;
 use deltamem::format::manifest::{Manifest, Precision};
 use deltamem::format::row::{ROW_SIZE_BYTES, Row};
 use deltamem::storage::MemStorage;
-use deltamem::{Bank, BankConfig, OpenOptions, QueryOptions};
+use deltamem::{Bank, BankConfig, Change, OpenOptions, QueryOptions};
 
 /// 40 components: f32 rows of 40 words and f16 rows of 20 words, so each
 /// has two words 16 apart (the same lane); not a multiple of 16.
@@ -115,6 +115,34 @@ fn a_flipped_bit_fails_the_first_scan_in_every_precision() {
             }
         }
     }
+}
+
+/// A first scan over enough segments that another thread checks node
+/// tables ahead of it (`scan::with_tables_ahead`): damage in a later
+/// segment's table still fails the scan, naming that segment, on every
+/// scan of the process, and rows alone still read.
+#[test]
+fn a_table_damaged_ahead_of_the_scan_fails_every_scan() {
+    const ROWS_PER_SEGMENT: u32 = 1_024;
+    let storage = MemStorage::new();
+    let mut config = BankConfig::new(DIM as u32);
+    config.rows_per_segment = Some(ROWS_PER_SEGMENT);
+    let mut bank = Bank::create(Arc::new(storage.clone()), config).unwrap();
+    let rows = (24 * ROWS_PER_SEGMENT) as usize;
+    let changes: Vec<Change> = (0..rows).map(|i| Change::Insert(root_node(i, embedding(i)))).collect();
+    bank.load(&changes).unwrap();
+    bank.close().unwrap();
+    read_only(&storage)
+        .query("task", &embedding(3), &options())
+        .expect("the undamaged bank answers");
+    // A bit of row 5 of segment 17's node table (its tree field).
+    edit(&storage, "nodes-000017.seg", |b| b[5 * ROW_SIZE_BYTES + 9] ^= 4);
+    let bank = read_only(&storage);
+    for scan in 0..2 {
+        let e = bank.query("task", &embedding(3), &options()).unwrap_err().to_string();
+        assert!(e.contains("nodes-000017.seg"), "scan {scan}: {e}");
+    }
+    assert!(bank.row(17 * ROWS_PER_SEGMENT + 6).is_ok());
 }
 
 /// A pass wider than the summing kernels (an f32 `query_batch` of more

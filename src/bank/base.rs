@@ -81,9 +81,29 @@ impl RowChecks {
     }
 
     fn set(&self, slot: u32) {
-        let bit = 1 << (slot % 64);
-        if self.bits[(slot / 64) as usize].fetch_or(bit, Ordering::Relaxed) & bit == 0 {
-            self.unchecked.fetch_sub(1, Ordering::Relaxed);
+        self.set_all(&[slot]);
+    }
+
+    /// Marks `slots` checked with one atomic update per 64-row word that
+    /// consecutive slots share, not two per row (a scan step's slots are
+    /// ascending, so a step of 32 rows costs one or two updates).
+    fn set_all(&self, slots: &[u32]) {
+        if self.all {
+            return; // no bits: every row is known good
+        }
+        let mut at = 0;
+        while at < slots.len() {
+            let word = slots[at] / 64;
+            let mut mask = 0u64;
+            while at < slots.len() && slots[at] / 64 == word {
+                mask |= 1 << (slots[at] % 64);
+                at += 1;
+            }
+            let before = self.bits[word as usize].fetch_or(mask, Ordering::Relaxed);
+            let newly = (mask & !before).count_ones();
+            if newly > 0 {
+                self.unchecked.fetch_sub(newly, Ordering::Relaxed);
+            }
         }
     }
 }
@@ -196,6 +216,13 @@ pub(crate) struct Base {
     tree_count: usize,
     max_depth: u8,
     segments: RwLock<Vec<Slot>>,
+    /// One per segment, held while `segment` prepares its scan maps, so
+    /// a scan and the thread checking node tables ahead of it
+    /// (`prepare_ahead`) never check the same table twice.
+    preparing: Vec<Mutex<()>>,
+    /// Segments whose scan maps are ready: at `segments.len()` a scan
+    /// needs nobody to check ahead of it.
+    prepared: AtomicU32,
     payload_file: Mutex<Option<Arc<dyn StorageFile>>>,
     /// Rows torn by a crashed checkpoint whose WAL image replaces them
     /// (see `Bank::seed_torn_rows`); the segment check skips them.
@@ -242,6 +269,8 @@ impl Base {
             tree_count: manifest.trees.len(),
             max_depth: manifest.max_depth,
             segments: RwLock::new(slots.collect()),
+            preparing: (0..segment_count).map(|_| Mutex::new(())).collect(),
+            prepared: AtomicU32::new(0),
             payload_file: Mutex::new(None),
             superseded: Default::default(),
             retry_torn_rows: false,
@@ -275,9 +304,16 @@ impl Base {
     /// checks the node table whole (the scan reads flags, tree, label and
     /// vector checks from it without checksums); vectors are checked row
     /// by row as the scan first reads them (`check_sums`, `check_vectors`).
+    /// A thread that finds another preparing the segment waits for it.
     pub fn segment(&self, segment: u32) -> Result<Arc<SegmentMaps>, BankError> {
-        if let Some(maps) = &self.segments.read().unwrap()[segment as usize].scan {
-            return Ok(maps.clone());
+        if let Some(maps) = self.prepared_maps(segment) {
+            return Ok(maps);
+        }
+        let _preparing = self.preparing[segment as usize]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(maps) = self.prepared_maps(segment) {
+            return Ok(maps); // prepared while this thread waited
         }
         let trusted = self.segments.read().unwrap()[segment as usize].trusted;
         let table = self.part(segment, Part::Table)?;
@@ -300,7 +336,35 @@ impl Base {
             qsums: checked.qsums,
         });
         self.segments.write().unwrap()[segment as usize].scan = Some(maps.clone());
+        self.prepared.fetch_add(1, Ordering::Release);
         Ok(maps)
+    }
+
+    fn prepared_maps(&self, segment: u32) -> Option<Arc<SegmentMaps>> {
+        self.segments.read().unwrap()[segment as usize].scan.clone()
+    }
+
+    /// Every segment's scan maps are ready (`segment` was called for each).
+    pub fn all_prepared(&self) -> bool {
+        self.prepared.load(Ordering::Acquire) as usize == self.preparing.len()
+    }
+
+    /// Whether `segment` still needs its first `segment` call.
+    pub fn is_prepared(&self, segment: u32) -> bool {
+        self.segments.read().unwrap()[segment as usize].scan.is_some()
+    }
+
+    /// Calls `segment` for each of `order` in turn, until `stop` is set:
+    /// a scan's helper thread, checking node tables ahead of the scan. A
+    /// segment that fails its checks ends the walk without a report: the
+    /// scan calls `segment` itself when it gets there and reports the
+    /// error in the order a scan alone would have met it.
+    pub fn prepare_ahead(&self, order: &[u32], stop: &std::sync::atomic::AtomicBool) {
+        for &segment in order {
+            if stop.load(Ordering::Relaxed) || self.segment(segment).is_err() {
+                return;
+            }
+        }
     }
 
     /// Maps a segment without checking it (for `verify`, which reports
@@ -473,7 +537,7 @@ impl Base {
     /// them checked. The kernel read each byte once, for the score and the
     /// sum together: the check costs no pass over memory. A mismatch fails
     /// the scan (its scores are never admitted), naming the file, offset
-    /// and node.
+    /// and node, and marks none of `slots` checked.
     pub fn check_sums(
         &self,
         maps: &SegmentMaps,
@@ -487,11 +551,8 @@ impl Base {
             Column::Quant => (&maps.qchecked, &maps.qsums),
         };
         for (&slot, &sum) in slots.iter().zip(computed) {
-            if checks.is_set(slot) {
-                continue;
-            }
             let expected = stored[slot as usize];
-            if sum != expected {
+            if sum != expected && !checks.is_set(slot) {
                 let index = first + slot;
                 let segment = index / self.rows_per_segment;
                 let (file, range, what) = match column {
@@ -514,8 +575,8 @@ impl Base {
                     ),
                 });
             }
-            checks.set(slot);
         }
+        checks.set_all(slots);
         Ok(())
     }
 
@@ -769,5 +830,25 @@ impl Base {
             )
             .into()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_all_marks_each_row_once_across_words() {
+        let checks = RowChecks::new(200, false);
+        checks.set_all(&[0, 1, 63, 64, 130]);
+        checks.set_all(&[1, 64, 65, 199]); // two of them already checked
+        checks.set(2);
+        assert_eq!(checks.unchecked.load(Ordering::Relaxed), 200 - 8);
+        for slot in [0, 1, 2, 63, 64, 65, 130, 199] {
+            assert!(checks.is_set(slot), "{slot}");
+        }
+        assert!(!checks.is_set(3) && !checks.is_set(129) && !checks.complete());
+        checks.set_all(&(0..200).collect::<Vec<_>>());
+        assert!(checks.complete());
     }
 }

@@ -430,7 +430,7 @@ fn decode_trees(b: &[u8]) -> Result<Vec<TreeSpec>, FormatError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn sample() -> Manifest {

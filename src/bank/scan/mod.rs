@@ -301,6 +301,55 @@ fn run_split<T: Send>(
     })
 }
 
+/// Runs `scan` over the checkpointed rows `ranges` while, if a CPU is
+/// free for it, one more thread checks ahead of the scan the node tables
+/// it has not checked yet (`Base::prepare_ahead`). A process's first scan
+/// otherwise stops at every segment to check its table (a CRC per row),
+/// ~15% of a first query over a large bank; in parallel, the scanning
+/// threads find the tables checked when they reach them. Nothing is
+/// skipped: each table is still checked once before the scan reads it,
+/// and a failing one is reported by the scan, in the order it meets it.
+fn with_tables_ahead<T>(base: &Base, ranges: &[Range<u32>], scan: impl FnOnce() -> T) -> T {
+    if base.all_prepared() {
+        return scan();
+    }
+    let order = segments_ahead(base, ranges);
+    // Fewer rows than a scan thread's minimum: checking them takes less
+    // than starting the thread.
+    if (order.len() as u64) * u64::from(base.rows_per_segment) < u64::from(MIN_ROWS_PER_THREAD)
+        || ranges.len() >= std::thread::available_parallelism().map_or(1, |n| n.get())
+    {
+        return scan();
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| base.prepare_ahead(&order, &stop));
+        let out = scan();
+        // On an early error the helper must not keep the caller waiting.
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        out
+    })
+}
+
+/// The segments of `ranges` not yet prepared, in the order the scanning
+/// threads reach them (each range's segments interleaved), without the
+/// first segment of each range: its thread takes that one at once.
+fn segments_ahead(base: &Base, ranges: &[Range<u32>]) -> Vec<u32> {
+    let rps = base.rows_per_segment;
+    let lists: Vec<Range<u32>> = ranges.iter().map(|r| r.start / rps + 1..r.end.div_ceil(rps)).collect();
+    let longest = lists.iter().map(|l| l.len()).max().unwrap_or(0) as u32;
+    let mut order = Vec::new();
+    for step in 0..longest {
+        for list in &lists {
+            let segment = list.start + step;
+            if list.contains(&segment) && !base.is_prepared(segment) {
+                order.push(segment);
+            }
+        }
+    }
+    order
+}
+
 impl Bank {
     /// Top-k failure-penalised matches at or above tau, each with its chain.
     pub fn query(&self, tree_name: &str, embedding: &[f32], options: &QueryOptions) -> Result<Vec<Match>, BankError> {
@@ -416,10 +465,10 @@ impl Bank {
             level: Level::active(),
         };
         let ranges = split_rows(self.base.node_count, self.query_threads);
-        let mut tops = match self.base.precision {
-            Precision::Int8 => int8::scan_base(&self.base, &params, queries, &ranges)?,
-            Precision::F32 | Precision::F16 => exact::scan_base(&self.base, &params, queries, &ranges)?,
-        };
+        let mut tops = with_tables_ahead(&self.base, &ranges, || match self.base.precision {
+            Precision::Int8 => int8::scan_base(&self.base, &params, queries, &ranges),
+            Precision::F32 | Precision::F16 => exact::scan_base(&self.base, &params, queries, &ranges),
+        })?;
         self.scan_overlay(queries, &params, &mut tops);
         let mut out = Vec::with_capacity(tops.len());
         for top in tops {
@@ -532,5 +581,27 @@ mod tests {
             }
         }
         assert_eq!(split_rows(67_500, 4).len(), 4);
+    }
+
+    #[test]
+    fn tables_ahead_are_taken_in_the_order_the_scan_threads_reach_them() {
+        let mut manifest = crate::format::manifest::tests::sample();
+        manifest.rows_per_segment = 1_024;
+        manifest.node_count = 10 * 1_024 - 5;
+        let base = Base::new(std::sync::Arc::new(crate::storage::MemStorage::new()), &manifest);
+        assert_eq!(
+            segments_ahead(&base, std::slice::from_ref(&(0..10 * 1_024 - 5))),
+            [1, 2, 3, 4, 5, 6, 7, 8, 9]
+        );
+        // Two threads: each starts on its own first segment (0 and 5).
+        assert_eq!(
+            segments_ahead(&base, &[0..5 * 1_024, 5 * 1_024..10 * 1_024 - 5]),
+            [1, 6, 2, 7, 3, 8, 4, 9]
+        );
+        assert_eq!(
+            segments_ahead(&base, &[0..3 * 1_024, 3 * 1_024..10 * 1_024 - 5]),
+            [1, 4, 2, 5, 6, 7, 8, 9]
+        );
+        assert!(segments_ahead(&base, std::slice::from_ref(&(0..1_000))).is_empty());
     }
 }
