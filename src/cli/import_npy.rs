@@ -124,8 +124,7 @@ fn read_batch(
     check_rows: bool,
 ) -> anyhow::Result<Batch> {
     let first = reader.rows_read();
-    column.clear();
-    let count = reader.read_rows(args.batch as usize, &mut column)?;
+    let count = reader.read_rows_into(args.batch as usize, &mut column)?;
     let dim = reader.info().dim_count;
     let mut nodes = Vec::with_capacity(count);
     for k in 0..count {
