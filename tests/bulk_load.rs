@@ -167,6 +167,59 @@ fn a_load_is_all_or_nothing_and_names_the_bad_item() {
     assert_eq!(bank.resolve(&NodeRef::External("ext-8".into())).unwrap(), 8);
 }
 
+/// Batches loaded together: one checkpoint for all, each batch all or
+/// nothing on its own (a bad one fails alone and frees its external ids),
+/// the same nodes as loading the good batches one by one.
+#[test]
+fn batches_loaded_together_share_one_checkpoint_and_fail_alone() {
+    use deltamem::storage::{CountingStorage, MemStorage, WAL_TMP_FILE};
+    use std::sync::Arc;
+    let storage = Arc::new(CountingStorage::new(MemStorage::new()));
+    let mut bank = Bank::create(storage.clone(), config(Precision::F32)).unwrap();
+    let mut one_by_one = Bank::create(Arc::new(MemStorage::new()), config(Precision::F32)).unwrap();
+    for b in [&mut bank, &mut one_by_one] {
+        b.load(&inserts(0..4)).unwrap();
+    }
+    let mut bad = inserts(9..14);
+    if let Change::Insert(n) = &mut bad[4] {
+        n.embedding[1] = f32::NAN;
+    }
+    let batches = [as_column(&inserts(4..9)), as_column(&bad), as_column(&inserts(9..14))];
+    let refs: Vec<(&[Change], &[f32])> = batches.iter().map(|(c, v)| (c.as_slice(), v.as_slice())).collect();
+    storage.reset();
+    let results = bank.load_columns(&refs).unwrap();
+    // A checkpoint writes one new WAL header (64 bytes) to wal.tmp.
+    assert_eq!(
+        storage.counts().written_bytes.get(WAL_TMP_FILE),
+        Some(&64),
+        "one checkpoint"
+    );
+    assert!(
+        matches!(&results[1], Err(BankError::BatchItem { position: 4, .. })),
+        "{:?}",
+        results[1]
+    );
+    for (k, range) in [(0, 4..9), (2, 9..14)] {
+        let ids: Vec<u32> = results[k]
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|a| match a {
+                ChangeAck::Inserted(a) => a.id,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(ids, range.clone().map(|i| i as u32).collect::<Vec<_>>());
+        one_by_one.load(&inserts(range)).unwrap();
+    }
+    assert_eq!(node_snapshot(&bank), node_snapshot(&one_by_one));
+    assert_eq!(bank.resolve(&NodeRef::External("ext-12".into())).unwrap(), 12);
+    // Durable: a reopen of the same storage finds them all.
+    drop(bank);
+    let reopened = Bank::open(storage, OpenOptions::default()).unwrap();
+    assert_eq!(node_snapshot(&reopened), node_snapshot(&one_by_one));
+}
+
 #[test]
 fn a_column_must_fit_the_changes() {
     let dir = tempfile::tempdir().unwrap();

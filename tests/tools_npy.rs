@@ -283,6 +283,32 @@ fn keep_going_rejects_only_the_batch_holding_a_bad_row() {
     assert_eq!(stored, want);
 }
 
+/// Bulk-load batches (256 rows and more) share checkpoints; a batch
+/// holding a bad row is still rejected alone, between stored ones, and
+/// the lines stay in row order.
+#[test]
+fn keep_going_rejects_only_its_batch_of_a_bulk_load() {
+    let (dir, bank) = bank(4, &[]);
+    let npy = dir.path().join("v.npy");
+    write_npy(&npy, &bad_rows(1000, 4, &[(300, f32::NAN)]), NpyElement::F32);
+    let run = import_npy(&bank, &npy, &["--batch", "256", "--keep-going"]);
+    assert_eq!(run.code, 1, "a rejected row fails the command");
+    let lines = run.lines();
+    assert_eq!(lines.len(), 1000, "one line per row, rejected or not");
+    let mut next_id = 0;
+    for (row, line) in lines.iter().enumerate() {
+        if (256..512).contains(&row) {
+            assert_eq!(line["row"], row as u64);
+            assert!(line["error"].as_str().unwrap().contains("row 300"), "{line}");
+        } else {
+            assert_eq!(line["id"], next_id, "row {row} stored in order: {line}");
+            next_id += 1;
+        }
+    }
+    assert!(run.stderr.contains("rows 256..=511 rejected"), "{}", run.stderr);
+    assert_eq!(ok(&["stats", s(&bank), "--json"]).json()["nodes"], 744);
+}
+
 #[test]
 fn a_batch_the_bank_refuses_is_rejected_whole() {
     let (dir, bank) = bank(4, &[]);

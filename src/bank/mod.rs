@@ -26,6 +26,7 @@ use std::time::Instant;
 pub use checkpoint::PreparedCheckpoint;
 pub use compact::{CompactReport, FREEZING_MARK_FILE, FreezeReport};
 pub use error::BankError;
+pub use load::BatchResult;
 pub use mutate::{Attach, Change, ChangeAck, ConsolidateAck, HitAck, ImportedState, InsertAck, NewNode, PendingIds};
 pub use open::{BankConfig, OpenOptions};
 pub use scan::{Match, QueryOptions, dot};

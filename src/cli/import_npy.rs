@@ -1,8 +1,9 @@
 //! `deltamem import --npy`: one node per matrix row, in batches stored by
-//! `Bank::load_column` (each batch atomic and durable when its lines go
+//! `Bank::load_columns` (each batch atomic and durable when its lines go
 //! out, the vectors written once, straight to their segments, not through
-//! the WAL; below `LOAD_MIN_BATCH_ROWS` rows per batch, one WAL record
-//! each instead), one line per row on stdout in row order.
+//! the WAL; a few batches share one checkpoint, `LOAD_GROUP_BYTES`; below
+//! `LOAD_MIN_BATCH_ROWS` rows per batch, one WAL record each instead), one
+//! line per row on stdout in row order.
 //!
 //! What happens to bad rows (NaN or infinite components, all-zero vectors,
 //! bad META lines): by default every row is checked before anything is
@@ -123,8 +124,7 @@ fn read_batch(
     check_rows: bool,
 ) -> anyhow::Result<Batch> {
     let first = reader.rows_read();
-    column.clear();
-    let count = reader.read_rows(args.batch as usize, &mut column)?;
+    let count = reader.read_rows_into(args.batch as usize, &mut column)?;
     let dim = reader.info().dim_count;
     let mut nodes = Vec::with_capacity(count);
     for k in 0..count {
@@ -153,7 +153,7 @@ fn precheck(args: &ImportArgs, npy: &Path, bank: &Bank, progress: &Progress) -> 
     let dim = reader.info().dim_count;
     // The reader thread reads rows and checks their values; this one
     // runs the bank's rules on them.
-    for_each_batch(args, npy, reader, metas, true, |batch, rows_read| {
+    for_each_batch(args, npy, reader, metas, true, 1, |batch, rows_read| {
         for (k, (row, node)) in batch.nodes.iter().enumerate() {
             let vector = &batch.column[k * dim..(k + 1) * dim];
             let problem = match node {
@@ -169,7 +169,7 @@ fn precheck(args: &ImportArgs, npy: &Path, bank: &Bank, progress: &Progress) -> 
             }
         }
         progress.set(rows_read);
-        Ok(batch.column)
+        Ok(vec![batch.column])
     })?;
     Ok((shown, total))
 }
@@ -178,19 +178,21 @@ fn precheck(args: &ImportArgs, npy: &Path, bank: &Bank, progress: &Progress) -> 
 /// while a second thread reads and decodes the next batch (reading and
 /// building nodes is a third of an import's work; two stages on two
 /// cores). `store` gets the batch and the rows read so far, and returns
-/// the column for reuse: at most three are alive (one being stored, one
-/// queued, one being read), and a fresh one costs its page faults again.
-/// `check_rows`: the reader checks each row's values (`row_problem`).
+/// the columns it is done with, for reuse: a fresh one costs its page
+/// faults again. Up to `queue` batches wait read (so the reader can read
+/// a whole group while the last one is stored). `check_rows`: the reader
+/// checks each row's values (`row_problem`).
 fn for_each_batch(
     args: &ImportArgs,
     npy: &Path,
     mut reader: NpyRowReader,
     mut metas: MetaLines,
     check_rows: bool,
-    mut store: impl FnMut(Batch, u64) -> anyhow::Result<Vec<f32>>,
+    queue: usize,
+    mut store: impl FnMut(Batch, u64) -> anyhow::Result<Vec<Vec<f32>>>,
 ) -> anyhow::Result<()> {
     std::thread::scope(|scope| {
-        let (full_tx, full_rx) = std::sync::mpsc::sync_channel(1);
+        let (full_tx, full_rx) = std::sync::mpsc::sync_channel(queue);
         let (empty_tx, empty_rx) = std::sync::mpsc::channel::<Vec<f32>>();
         scope.spawn(move || {
             loop {
@@ -208,9 +210,10 @@ fn for_each_batch(
             if batch.nodes.is_empty() {
                 break;
             }
-            let column = store(batch, rows_read)?;
-            // The reader may have finished: then the column is dropped.
-            let _ = empty_tx.send(column);
+            for column in store(batch, rows_read)? {
+                // The reader may have finished: then the column is dropped.
+                let _ = empty_tx.send(column);
+            }
         }
         Ok(())
     })
@@ -237,6 +240,10 @@ struct Session<W: Write> {
     stored: u64,
     rejected_rows: u64,
     rejected_batches: u64,
+    /// Bulk-load batches waiting for the group's one checkpoint.
+    group: Vec<Batch>,
+    /// Vector bytes in `group`.
+    group_bytes: usize,
 }
 
 impl<W: Write> Session<W> {
@@ -268,25 +275,89 @@ impl<W: Write> Session<W> {
         }
     }
 
-    /// Stores one batch, or rejects it. Errors returned are fatal.
-    fn store(
-        &mut self,
-        bank: &mut Bank,
-        nodes: Vec<(u64, Result<NewNode, String>)>,
-        column: &[f32],
-        ctx: &Ctx,
-    ) -> anyhow::Result<()> {
-        let rows: Vec<u64> = nodes.iter().map(|(r, _)| *r).collect();
-        if let Some((row, Err(problem))) = nodes.iter().find(|(_, n)| n.is_err()) {
-            let message = row_message(ctx.npy, ctx.meta, *row, problem);
-            self.reject(&rows, &message, ctx.progress);
-            return Ok(());
+    /// Takes one batch: stored at once through the WAL, or (a bulk load)
+    /// kept until the group holds `LOAD_GROUP_BYTES` of vectors, then
+    /// stored with the group. Returns the columns free for reuse. Errors
+    /// returned are fatal.
+    fn add(&mut self, bank: &mut Bank, batch: Batch, ctx: &Ctx) -> anyhow::Result<Vec<Vec<f32>>> {
+        if !ctx.load {
+            let (rows, planned) = plan(batch.nodes, ctx);
+            let result = planned.map(|changes| {
+                let result = store_batch(bank, &changes, &batch.column);
+                (changes, result)
+            });
+            self.settle(rows, result, ctx)?;
+            return Ok(vec![batch.column]);
         }
-        let changes: Vec<Change> = nodes
-            .into_iter()
-            .filter_map(|(_, n)| n.ok().map(Change::Insert))
+        self.group_bytes += std::mem::size_of_val(batch.column.as_slice());
+        self.group.push(batch);
+        match self.group_bytes >= LOAD_GROUP_BYTES {
+            true => self.store_group(bank, ctx),
+            false => Ok(Vec::new()),
+        }
+    }
+
+    /// Stores the batches waiting in the group by one `Bank::load_columns`
+    /// (one checkpoint); rejects those holding a bad row. Returns their
+    /// columns.
+    fn store_group(&mut self, bank: &mut Bank, ctx: &Ctx) -> anyhow::Result<Vec<Vec<f32>>> {
+        let group = std::mem::take(&mut self.group);
+        self.group_bytes = 0;
+        let (Some(first), Some(last)) = (group.first(), group.last()) else {
+            return Ok(Vec::new());
+        };
+        let span = format!(
+            "rows {}..={}",
+            first.nodes.first().map_or(0, |n| n.0),
+            last.nodes.last().map_or(0, |n| n.0)
+        );
+        let mut columns = Vec::with_capacity(group.len());
+        let mut planned = Vec::with_capacity(group.len());
+        for batch in group {
+            planned.push(plan(batch.nodes, ctx));
+            columns.push(batch.column);
+        }
+        let loads: Vec<(&[Change], &[f32])> = planned
+            .iter()
+            .zip(&columns)
+            .filter_map(|((_, p), column)| Some((p.as_deref().ok()?, column.as_slice())))
             .collect();
-        match store_batch(bank, &changes, column, ctx.load) {
+        let mut results = bank
+            .load_columns(&loads)
+            .map_err(|e| anyhow::Error::from(e).context(span))?
+            .into_iter();
+        // Every stored batch gets its lines even if one failed fatally:
+        // they are durable, and a re-run must not store them twice.
+        let mut fatal = None;
+        for (rows, planned) in planned {
+            let outcome = planned.map(|changes| {
+                let result = results.next().expect("one result per batch loaded");
+                (changes, result)
+            });
+            if let Err(e) = self.settle(rows, outcome, ctx) {
+                fatal.get_or_insert(e);
+            }
+        }
+        match fatal {
+            Some(e) => {
+                self.flush_ready(bank.durable_below_lsn())?;
+                Err(e)
+            }
+            None => Ok(columns),
+        }
+    }
+
+    /// Queues one batch's lines: its acks, or an error line per row when
+    /// it was rejected (a bad row, or one the bank refused).
+    fn settle(&mut self, rows: Vec<u64>, outcome: Planned, ctx: &Ctx) -> anyhow::Result<()> {
+        let (changes, result) = match outcome {
+            Ok(stored) => stored,
+            Err(message) => {
+                self.reject(&rows, &message, ctx.progress);
+                return Ok(());
+            }
+        };
+        match result {
             Ok(acks) => {
                 for (ack, change) in acks.into_iter().zip(changes) {
                     let (ChangeAck::Inserted(ack), Change::Insert(node)) = (ack, change) else {
@@ -308,6 +379,24 @@ impl<W: Write> Session<W> {
     }
 }
 
+/// A batch's rows, and its changes or, if a row is bad, the message that
+/// rejects it.
+fn plan(nodes: Vec<(u64, Result<NewNode, String>)>, ctx: &Ctx) -> (Vec<u64>, Result<Vec<Change>, String>) {
+    let rows: Vec<u64> = nodes.iter().map(|(r, _)| *r).collect();
+    if let Some((row, Err(problem))) = nodes.iter().find(|(_, n)| n.is_err()) {
+        return (rows, Err(row_message(ctx.npy, ctx.meta, *row, problem)));
+    }
+    let changes = nodes
+        .into_iter()
+        .filter_map(|(_, n)| n.ok().map(Change::Insert))
+        .collect();
+    (rows, Ok(changes))
+}
+
+/// A batch after its store: its changes and the bank's answer, or the
+/// message that rejected it unstored.
+type Planned = Result<(Vec<Change>, Result<Vec<ChangeAck>, BankError>), String>;
+
 struct Ctx<'a> {
     npy: &'a Path,
     meta: Option<&'a Path>,
@@ -321,12 +410,16 @@ struct Ctx<'a> {
 /// rows.
 const LOAD_MIN_BATCH_ROWS: u32 = 256;
 
-/// One batch: a bulk load from the column, or a WAL transaction of the
-/// same nodes with their embeddings attached.
-fn store_batch(bank: &mut Bank, changes: &[Change], column: &[f32], load: bool) -> Result<Vec<ChangeAck>, BankError> {
-    if load {
-        return bank.load_column(changes, column);
-    }
+/// Bulk-load batches are stored in groups of at least this many vector
+/// bytes (3 batches of 4,096 x 768 f32), one checkpoint per group: a
+/// checkpoint's fixed cost (about five fsyncs, a manifest and a WAL) was
+/// a third of an import's time at one per batch. Each batch stays atomic,
+/// and its lines still go out only once it is durable.
+const LOAD_GROUP_BYTES: usize = 32 << 20;
+
+/// One batch as a WAL transaction of its nodes with their embeddings
+/// attached.
+fn store_batch(bank: &mut Bank, changes: &[Change], column: &[f32]) -> Result<Vec<ChangeAck>, BankError> {
     let dim = bank.dim_count() as usize;
     let whole: Vec<Change> = changes
         .iter()
@@ -382,6 +475,8 @@ fn import_rows(args: &ImportArgs, npy: &Path, quiet: bool, bank: &mut Bank) -> a
         stored: 0,
         rejected_rows: 0,
         rejected_batches: 0,
+        group: Vec::new(),
+        group_bytes: 0,
     };
     if !args.keep_going {
         let progress = Progress::bar(total, "rows checked", quiet);
@@ -410,13 +505,20 @@ fn import_rows(args: &ImportArgs, npy: &Path, quiet: bool, bank: &mut Bank) -> a
         progress: &progress,
         load: args.batch >= LOAD_MIN_BATCH_ROWS,
     };
+    let batch_bytes = args.batch as usize * reader.info().dim_count * size_of::<f32>();
+    let queue = match ctx.load {
+        true => LOAD_GROUP_BYTES.div_ceil(batch_bytes.max(1)),
+        false => 1,
+    };
     // The precheck checked every row's values already.
-    for_each_batch(args, npy, reader, metas, args.keep_going, |batch, rows_read| {
-        session.store(bank, batch.nodes, &batch.column, &ctx)?;
+    for_each_batch(args, npy, reader, metas, args.keep_going, queue, |batch, rows_read| {
+        let free = session.add(bank, batch, &ctx)?;
         session.flush_ready(bank.durable_below_lsn())?;
         progress.set(rows_read);
-        Ok(batch.column)
+        Ok(free)
     })?;
+    session.store_group(bank, &ctx)?;
+    session.flush_ready(bank.durable_below_lsn())?;
     Ok(session)
 }
 

@@ -226,6 +226,20 @@ impl NpyRowReader {
     /// Appends up to `max_rows` rows (row after row) to `out` as f32;
     /// returns how many were read (0 at the end).
     pub fn read_rows(&mut self, max_rows: usize, out: &mut Vec<f32>) -> Result<usize, InteropError> {
+        let start = out.len();
+        self.read_rows_at(max_rows, out, start)
+    }
+
+    /// As `read_rows`, into `out` replacing what it held. A buffer already
+    /// long enough (a recycled batch column) is not zero-filled first: a
+    /// bulk import wrote 12 MB of zeros per batch that the read overwrote.
+    pub fn read_rows_into(&mut self, max_rows: usize, out: &mut Vec<f32>) -> Result<usize, InteropError> {
+        self.read_rows_at(max_rows, out, 0)
+    }
+
+    /// Reads up to `max_rows` rows into `out` from `start` on; `out` ends
+    /// after them.
+    fn read_rows_at(&mut self, max_rows: usize, out: &mut Vec<f32>, start: usize) -> Result<usize, InteropError> {
         if self.failed {
             return Err(InteropError::Row {
                 file: self.path.display().to_string(),
@@ -235,7 +249,6 @@ impl NpyRowReader {
         }
         let rows = (max_rows as u64).min(self.info.row_count - self.rows_read) as usize;
         let values = rows * self.info.dim_count;
-        let start = out.len();
         out.resize(start + values, 0.0);
         let dst = &mut out[start..];
         let read = match self.info.element {
