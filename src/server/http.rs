@@ -94,10 +94,9 @@ pub fn router(state: AppState, mcp: Router<AppState>) -> Router {
 /// Authentication and metrics around every request.
 async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| unmatched_route(request.uri().path()), |p| p.as_str().to_string());
+    // A matched path is an Arc'd str: cloned, not copied, per request.
+    let matched = request.extensions().get::<MatchedPath>().cloned();
+    let unmatched = matched.is_none().then(|| unmatched_route(request.uri().path()));
     let response = match authorised(&state, &request) {
         true => next.run(request).await,
         false => {
@@ -108,10 +107,13 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
         }
     };
     let seconds = started.elapsed().as_secs_f64();
-    state
-        .core
-        .metrics()
-        .request(&route, response.status().as_u16(), seconds);
+    state.core.metrics().request(
+        matched
+            .as_ref()
+            .map_or_else(|| unmatched.as_deref().unwrap_or(""), MatchedPath::as_str),
+        response.status().as_u16(),
+        seconds,
+    );
     response
 }
 

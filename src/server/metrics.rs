@@ -13,8 +13,10 @@ const BUCKETS_S: [f64; 12] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
 ];
 
+/// One route's requests by status and its latency histogram.
 #[derive(Default)]
-struct Latency {
+struct Route {
+    statuses: BTreeMap<u16, u64>,
     counts: [u64; BUCKETS_S.len()],
     total: u64,
     sum_s: f64,
@@ -22,9 +24,9 @@ struct Latency {
 
 #[derive(Default)]
 pub struct Metrics {
-    /// (route, status) -> requests.
-    requests: Mutex<BTreeMap<(String, u16), u64>>,
-    latency: Mutex<BTreeMap<String, Latency>>,
+    /// Route label -> its counters: one lock per request, and a route's
+    /// label is allocated once, at its first request.
+    routes: Mutex<BTreeMap<String, Route>>,
     wal_syncs: AtomicU64,
     write_rounds: AtomicU64,
     writes: AtomicU64,
@@ -46,17 +48,17 @@ struct Checkpoints {
 
 impl Metrics {
     pub fn request(&self, route: &str, status: u16, seconds: f64) {
-        if let Ok(mut r) = self.requests.lock() {
-            *r.entry((route.to_string(), status)).or_default() += 1;
+        let Ok(mut routes) = self.routes.lock() else { return };
+        if !routes.contains_key(route) {
+            routes.insert(route.to_string(), Route::default());
         }
-        if let Ok(mut l) = self.latency.lock() {
-            let entry = l.entry(route.to_string()).or_default();
-            for (count, bound) in entry.counts.iter_mut().zip(BUCKETS_S) {
-                *count += u64::from(seconds <= bound);
-            }
-            entry.total += 1;
-            entry.sum_s += seconds;
+        let entry = routes.get_mut(route).expect("inserted above");
+        *entry.statuses.entry(status).or_default() += 1;
+        for (count, bound) in entry.counts.iter_mut().zip(BUCKETS_S) {
+            *count += u64::from(seconds <= bound);
         }
+        entry.total += 1;
+        entry.sum_s += seconds;
     }
 
     pub fn wal_sync(&self) {
@@ -123,12 +125,14 @@ impl Metrics {
         self.render_checkpoints(&mut out);
         out.push_str("# HELP deltamem_http_requests_total HTTP requests by route and status.\n");
         out.push_str("# TYPE deltamem_http_requests_total counter\n");
-        if let Ok(r) = self.requests.lock() {
-            for ((route, status), n) in r.iter() {
-                let _ = writeln!(
-                    out,
-                    "deltamem_http_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
-                );
+        if let Ok(routes) = self.routes.lock() {
+            for (route, r) in routes.iter() {
+                for (status, n) in &r.statuses {
+                    let _ = writeln!(
+                        out,
+                        "deltamem_http_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
+                    );
+                }
             }
         }
         self.render_latency(&mut out);
@@ -167,7 +171,7 @@ impl Metrics {
     fn render_latency(&self, out: &mut String) {
         out.push_str("# HELP deltamem_http_request_seconds HTTP request latency by route.\n");
         out.push_str("# TYPE deltamem_http_request_seconds histogram\n");
-        let Ok(l) = self.latency.lock() else { return };
+        let Ok(l) = self.routes.lock() else { return };
         for (route, h) in l.iter() {
             let name = "deltamem_http_request_seconds";
             for (count, bound) in h.counts.iter().zip(BUCKETS_S) {
