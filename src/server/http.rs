@@ -96,7 +96,7 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
     let started = Instant::now();
     // A matched path is an Arc'd str: cloned, not copied, per request.
     let matched = request.extensions().get::<MatchedPath>().cloned();
-    let unmatched = matched.is_none().then(|| unmatched_route(request.uri().path()));
+    let unmatched = unmatched_route(request.uri().path());
     let response = match authorised(&state, &request) {
         true => next.run(request).await,
         false => {
@@ -107,21 +107,16 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
         }
     };
     let seconds = started.elapsed().as_secs_f64();
-    state.core.metrics().request(
-        matched
-            .as_ref()
-            .map_or_else(|| unmatched.as_deref().unwrap_or(""), MatchedPath::as_str),
-        response.status().as_u16(),
-        seconds,
-    );
+    let route = matched.as_ref().map_or(unmatched, MatchedPath::as_str);
+    state.core.metrics().request(route, response.status().as_u16(), seconds);
     response
 }
 
 /// Route label of a request no route matched (bounded set of labels).
-fn unmatched_route(path: &str) -> String {
+fn unmatched_route(path: &str) -> &'static str {
     match path.starts_with("/mcp") {
-        true => "/mcp".into(),
-        false => "unmatched".into(),
+        true => "/mcp",
+        false => "unmatched",
     }
 }
 

@@ -151,20 +151,26 @@ impl Metrics {
             &c.count,
         );
         let seconds = |us: &AtomicU64| us.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(
+        metric(
             out,
-            "# HELP deltamem_checkpoint_prepare_seconds_total Checkpoint time spent beside queries (read lock).\n\
-             # TYPE deltamem_checkpoint_prepare_seconds_total counter\n\
-             deltamem_checkpoint_prepare_seconds_total {}\n\
-             # HELP deltamem_checkpoint_publish_seconds_total Checkpoint time holding the bank's exclusive lock.\n\
-             # TYPE deltamem_checkpoint_publish_seconds_total counter\n\
-             deltamem_checkpoint_publish_seconds_total {}\n\
-             # HELP deltamem_checkpoint_publish_seconds_max The longest exclusive hold of one checkpoint.\n\
-             # TYPE deltamem_checkpoint_publish_seconds_max gauge\n\
-             deltamem_checkpoint_publish_seconds_max {}",
+            "deltamem_checkpoint_prepare_seconds_total",
+            "counter",
+            "Checkpoint time spent beside queries (read lock).",
             seconds(&c.prepare_us),
+        );
+        metric(
+            out,
+            "deltamem_checkpoint_publish_seconds_total",
+            "counter",
+            "Checkpoint time holding the bank's exclusive lock.",
             seconds(&c.publish_us),
-            seconds(&c.publish_max_us)
+        );
+        metric(
+            out,
+            "deltamem_checkpoint_publish_seconds_max",
+            "gauge",
+            "The longest exclusive hold of one checkpoint.",
+            seconds(&c.publish_max_us),
         );
     }
 
@@ -185,11 +191,12 @@ impl Metrics {
 }
 
 fn counter(out: &mut String, name: &str, help: &str, value: &AtomicU64) {
-    let _ = writeln!(
-        out,
-        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-        value.load(Ordering::Relaxed)
-    );
+    metric(out, name, "counter", help, value.load(Ordering::Relaxed));
+}
+
+/// One unlabelled metric with its HELP and TYPE lines.
+fn metric(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
 }
 
 fn render_stats(out: &mut String, s: &Stats) {

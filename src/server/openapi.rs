@@ -215,7 +215,14 @@ pub fn document(bounds: &Bounds) -> Value {
         let params: Vec<Value> = o
             .params
             .iter()
-            .map(|(name, place, kind)| json!({"name": name, "in": place, "required": *place == "path" || *name == "q", "schema": {"type": kind}}))
+            .map(|&(name, place, kind)| {
+                let mut param = json!({"name": name, "in": place, "required": place == "path" || name == "q", "schema": {"type": kind}});
+                // A tree in a path is one of the bank's.
+                if (name, place, kind) == TREE {
+                    param["schema"]["enum"] = json!(bounds.trees);
+                }
+                param
+            })
             .collect();
         if !params.is_empty() {
             operation["parameters"] = Value::Array(params);
@@ -225,7 +232,6 @@ pub fn document(bounds: &Bounds) -> Value {
     }
     let mut schemas: Map<String, Value> = g.take_definitions(true).into_iter().collect();
     constrain_schemas(&mut schemas, bounds);
-    constrain_tree_params(&mut paths, &bounds.trees);
     json!({
         "openapi": "3.0.3",
         "info": {"title": "deltamem serve", "version": env!("CARGO_PKG_VERSION"),
@@ -239,10 +245,10 @@ pub fn document(bounds: &Bounds) -> Value {
     })
 }
 
-/// Every embedding holds exactly `dim` finite f32s, not all zero; a query asks for at
-/// most `k_max` matches; a batch (of nodes, of
-/// query embeddings, of ids) at most `batch_items` entries; a tree names
-/// one of the bank's.
+/// Every embedding holds exactly `dim` finite f32s, not all zero; a query
+/// asks for at most `k_max` matches; a batch (of nodes, of query
+/// embeddings, of ids) has at most `batch_items` entries; a tree in a body
+/// names one of the bank's.
 fn constrain_schemas(schemas: &mut Map<String, Value>, bounds: &Bounds) {
     let vector = json!(bounds.dim);
     let mut set = |schema: &str, field: &str, f: &dyn Fn(&mut Value)| match schemas
@@ -276,22 +282,6 @@ fn constrain_schemas(schemas: &mut Map<String, Value>, bounds: &Bounds) {
     });
     set("InsertBatchRequest", "nodes", &batch);
     set("RetrievalsRequest", "ids", &batch);
-}
-
-/// The `{tree}` path parameter takes one of the bank's tree names.
-fn constrain_tree_params(paths: &mut Map<String, Value>, trees: &[String]) {
-    for operation in paths
-        .values_mut()
-        .filter_map(Value::as_object_mut)
-        .flat_map(|o| o.values_mut())
-    {
-        let Some(params) = operation.get_mut("parameters").and_then(Value::as_array_mut) else {
-            continue;
-        };
-        for param in params.iter_mut().filter(|p| p["name"] == TREE.0 && p["in"] == TREE.1) {
-            param["schema"]["enum"] = json!(trees);
-        }
-    }
 }
 
 fn with_description(mut v: Value, description: &str) -> Value {

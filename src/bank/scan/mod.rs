@@ -310,15 +310,14 @@ fn run_split<T: Send>(
 /// skipped: each table is still checked once before the scan reads it,
 /// and a failing one is reported by the scan, in the order it meets it.
 fn with_tables_ahead<T>(base: &Base, ranges: &[Range<u32>], scan: impl FnOnce() -> T) -> T {
-    if base.all_prepared() {
+    // No CPU left for a checking thread: every one already scans.
+    if base.all_prepared() || ranges.len() >= std::thread::available_parallelism().map_or(1, |n| n.get()) {
         return scan();
     }
     let order = segments_ahead(base, ranges);
     // Fewer rows than a scan thread's minimum: checking them takes less
     // than starting the thread.
-    if (order.len() as u64) * u64::from(base.rows_per_segment) < u64::from(MIN_ROWS_PER_THREAD)
-        || ranges.len() >= std::thread::available_parallelism().map_or(1, |n| n.get())
-    {
+    if (order.len() as u64) * u64::from(base.rows_per_segment) < u64::from(MIN_ROWS_PER_THREAD) {
         return scan();
     }
     let stop = std::sync::atomic::AtomicBool::new(false);
