@@ -543,6 +543,63 @@ fn compact_switches_generation_and_keeps_every_answer() {
     assert!(bank.verify().unwrap().is_ok());
 }
 
+/// Checks the raw segment files of generation `suffix` ("" or ".gN") of
+/// a bank of `nodes` rows: every vector slot's padding is zero, and every
+/// slot past the last row is zero in both columns (as in a fresh file).
+fn assert_zeros_past_rows(dir: &std::path::Path, suffix: &str, nodes: u32, stride_bytes: usize) {
+    let (rows_per_segment, vector_bytes, row_bytes) = (4u32, 4 * 4, 128);
+    for segment in 0..nodes.div_ceil(rows_per_segment) {
+        let read = |kind: &str| std::fs::read(dir.join(format!("{kind}-{segment:06}{suffix}.seg"))).unwrap();
+        let (vectors, table) = (read("vectors"), read("nodes"));
+        for slot in 0..rows_per_segment as usize {
+            let index = segment * rows_per_segment + slot as u32;
+            let vector = &vectors[slot * stride_bytes..(slot + 1) * stride_bytes];
+            let unused = if index < nodes { &vector[vector_bytes..] } else { vector };
+            assert!(
+                unused.iter().all(|&b| b == 0),
+                "vector slot of node {index}: {vector:?}"
+            );
+            if index >= nodes {
+                let row = &table[slot * row_bytes..(slot + 1) * row_bytes];
+                assert!(row.iter().all(|&b| b == 0), "table slot {index} past the rows: {row:?}");
+            }
+        }
+    }
+}
+
+/// Compact and freeze build each segment in buffers reused from one
+/// segment to the next: a short last segment must not carry the rows of
+/// the segment before it.
+#[test]
+fn compact_and_freeze_leave_zeros_past_the_last_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    let mut bank = populated(&live);
+    let stride_bytes = bank.manifest().row_stride_bytes as usize;
+    assert_eq!(bank.compact().unwrap().generation, 1);
+    assert_zeros_past_rows(&live, ".g1", 9, stride_bytes);
+    // Two nodes in the overlay: the frozen copy's last segment mixes a
+    // copied row and two encoded ones.
+    for i in 0..2 {
+        bank.insert(node("task", Attach::Root, Label::Success, &format!("o{i}"), unit(4, i)))
+            .unwrap();
+    }
+    let before = all_answers(&bank);
+    let out = dir.path().join("frozen");
+    assert_eq!(bank.freeze_to(&out).unwrap().nodes, 11);
+    assert_zeros_past_rows(&out, "", 11, stride_bytes);
+    let frozen = Bank::open_dir(
+        &out,
+        OpenOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(all_answers(&frozen), before);
+    assert!(frozen.verify().unwrap().is_ok());
+}
+
 #[test]
 fn freeze_writes_a_read_only_copy_with_the_same_answers() {
     use std::os::unix::fs::PermissionsExt;

@@ -405,12 +405,6 @@ impl Base {
         Ok(map)
     }
 
-    /// The mapped vector file of `segment`, unchecked: for maintenance,
-    /// which checks each vector it copies (`check_vector_crc`).
-    pub fn vectors_unchecked(&self, segment: u32) -> Result<Mapping, BankError> {
-        self.part(segment, Part::Vectors)
-    }
-
     fn quant_part(&self, segment: u32) -> Result<Option<Mapping>, BankError> {
         self.qstride_bytes.map(|_| self.part(segment, Part::Quant)).transpose()
     }
@@ -662,6 +656,32 @@ impl Base {
             });
         }
         Ok(map)
+    }
+
+    /// Reads the vector column of `segment`'s first `out.len() / stride`
+    /// rows into `out` in one positioned read, without mapping the file:
+    /// maintenance copies each segment once, and pages no process maps
+    /// can be dropped from the cache once copied (compact). Unchecked: the
+    /// caller checks each vector it uses (`check_vector_crc`). Returns the
+    /// open file, for such a hint.
+    pub fn read_vectors(&self, segment: u32, out: &mut [u8]) -> Result<Arc<dyn StorageFile>, BankError> {
+        let name = vector_segment_file(self.generation, segment);
+        let desc = self.storage.describe(&name);
+        let file = self
+            .storage
+            .open(&name, OpenMode::Read)
+            .map_err(StorageError::io("open", desc.clone()))?;
+        let len = file.len_bytes().map_err(StorageError::io("stat", desc.clone()))?;
+        let expected = self.vector_segment_size_bytes();
+        if len != expected {
+            return Err(BankError::Corrupt {
+                file: desc,
+                offset_bytes: len,
+                detail: format!("segment is {len} bytes, expected {expected}"),
+            });
+        }
+        file.read_exact_at(out, 0).map_err(StorageError::io("read", desc))?;
+        Ok(file)
     }
 
     /// Decodes and checks row `index` (< node_count). Maps the node-table

@@ -21,9 +21,9 @@ use crate::format::row::{ROW_SIZE_BYTES, Row};
 use crate::format::wal::WalHeader;
 use crate::storage::wal::WalWriter;
 use crate::storage::{
-    FileStorage, MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, Storage, StorageError, StorageFile, WAL_FILE,
-    WAL_TMP_FILE, data_file_generation, payload_file, qvector_segment_file, replace_atomically, table_segment_file,
-    vector_segment_file, write_bulk_at,
+    DIRECT_ALIGN_BYTES, FileStorage, MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, Storage, StorageError, StorageFile,
+    WAL_FILE, WAL_TMP_FILE, data_file_generation, payload_file, qvector_segment_file, replace_atomically,
+    table_segment_file, vector_segment_file, write_bulk_at,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -105,11 +105,11 @@ impl Bank {
                 present.join(", ")
             )));
         }
-        create_file(target, FREEZING_MARK_FILE, 0)?;
+        create_file(target, FREEZING_MARK_FILE, 0, OpenMode::Create)?;
         target
             .sync_dir()
             .map_err(StorageError::io("fsync directory", target.describe("")))?;
-        let written = self.write_generation(target, 0)?;
+        let written = self.write_generation(target, 0, CopyKind::Frozen)?;
         let salt = new_salt(self.manifest.wal_salt);
         WalWriter::create(target, WalHeader { salt, start_lsn: 1 })?;
         let manifest = Manifest {
@@ -157,7 +157,7 @@ impl Bank {
         let bytes_before = self.data_file_bytes()?;
         let generation = self.manifest.generation + 1;
         self.remove_data_files(|g| g == generation)?;
-        let written = self.write_generation(storage.as_ref(), generation)?;
+        let written = self.write_generation(storage.as_ref(), generation, CopyKind::Live)?;
         let manifest = Manifest {
             // The rewrite gives every row its lane sums: compact upgrades
             // a format-1 bank.
@@ -225,38 +225,44 @@ impl Bank {
 
     /// Streams the current state into generation `generation` of `target`
     /// and fsyncs it (files and directory). Checkpointed nodes are copied
-    /// as stored: each vector's bytes after its CRC check, payload records
-    /// read back to back in large reads and checked; only overlay nodes
-    /// (and int8 side rows) are encoded. Memory: one segment's columns and
-    /// an 8 MiB payload buffer, whatever the bank's size.
-    fn write_generation(&self, target: &dyn Storage, generation: u32) -> Result<Written, BankError> {
+    /// as stored: each segment's vectors in one read, each vector checked
+    /// against its row's CRC before it is kept, payload records read back
+    /// to back in large reads and checked; only overlay nodes (and int8
+    /// side rows) are encoded. Memory: one segment's columns and an 8 MiB
+    /// payload buffer, whatever the bank's size.
+    fn write_generation(&self, target: &dyn Storage, generation: u32, copy: CopyKind) -> Result<Written, BankError> {
         let rows_per_segment = self.manifest.rows_per_segment;
         let payload_name = payload_file(generation);
-        let payloads = create_file(target, &payload_name, 0)?;
+        let payloads = create_file(target, &payload_name, 0, OpenMode::Create)?;
         let mut out = Written {
             payload_end_bytes: 0,
             bytes_written: 0,
         };
         let mut pending: Vec<u8> = Vec::new();
         let mut written = Vec::new();
+        let mut columns = SegmentColumns::new(&self.manifest);
         for segment in 0..self.node_count().div_ceil(rows_per_segment) {
             let first = segment * rows_per_segment;
             let last = (first + rows_per_segment).min(self.node_count());
-            let mut columns = SegmentColumns::new(&self.manifest, (last - first) as usize);
             let rows = (first..last).map(|i| self.row(i)).collect::<Result<Vec<_>, _>>()?;
             let (stored, fresh) = rows.split_at((self.base.node_count.clamp(first, last) - first) as usize);
-            let vectors = match stored.is_empty() {
+            columns.start(rows.len());
+            let source = match stored.is_empty() {
                 true => None,
-                false => Some(self.base.vectors_unchecked(segment)?),
+                false => Some(
+                    self.base
+                        .read_vectors(segment, columns.stored_vectors_mut(stored.len()))?,
+                ),
             };
             self.base.for_each_payload_record(stored, |row, record| {
                 let record = self.checked_record(row, record?)?;
-                let bytes = &vectors.as_ref().expect("mapped for stored rows")[self.base.vector_range(row.index)];
-                self.base.check_vector_crc(row.index, row.vector_crc32, bytes)?;
+                let slot = (row.index - first) as usize;
+                self.base
+                    .check_vector_crc(row.index, row.vector_crc32, columns.stored_vector(slot))?;
                 let mut row = row.clone();
                 row.payload_offset_bytes = out.payload_end_bytes + pending.len() as u64;
                 pending.extend_from_slice(record);
-                columns.put_stored((row.index - first) as usize, &row, bytes);
+                columns.put_stored(slot, &row, self.manifest.version);
                 if pending.len() >= PAYLOAD_CHUNK_BYTES {
                     flush(payloads.as_ref(), target, &payload_name, &mut pending, &mut out)?;
                 }
@@ -273,7 +279,14 @@ impl Bank {
                     flush(payloads.as_ref(), target, &payload_name, &mut pending, &mut out)?;
                 }
             }
-            out.bytes_written += columns.write(target, generation, segment, &mut written)?;
+            out.bytes_written += columns.write(target, generation, segment, copy, &mut written)?;
+            if let (CopyKind::Live, Some(source)) = (copy, source) {
+                // The old generation is deleted once the new one is in
+                // place: its copied pages can make room for the new ones.
+                source
+                    .drop_cache(0, self.base.vector_segment_size_bytes())
+                    .map_err(StorageError::io("drop cache", self.storage.describe("")))?;
+            }
             if written.len() >= MAX_UNSYNCED_FILES {
                 sync_files(target, &written)?;
                 written.clear();
@@ -301,68 +314,140 @@ impl Bank {
     }
 }
 
+/// Where a generation's segment files are written.
+#[derive(Clone, Copy, PartialEq)]
+enum CopyKind {
+    /// Compact: through the page cache, since the new files are the live
+    /// bank's from the switch on. Each old segment is dropped from the
+    /// cache once copied, so the copy reuses its memory instead of
+    /// claiming as much again.
+    Live,
+    /// Freeze: around the page cache where the file system allows. No one
+    /// reads a frozen copy soon, and the copy does not push the live
+    /// bank's pages out of memory.
+    Frozen,
+}
+
+/// A zeroed byte buffer that starts on a `DIRECT_ALIGN_BYTES` boundary,
+/// so a write of it may bypass the page cache.
+struct AlignedBuf {
+    bytes: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> AlignedBuf {
+        let bytes = vec![0u8; len + DIRECT_ALIGN_BYTES];
+        let start = bytes.as_ptr().align_offset(DIRECT_ALIGN_BYTES);
+        assert!(start < DIRECT_ALIGN_BYTES, "a byte pointer can always be aligned");
+        AlignedBuf { bytes, start, len }
+    }
+
+    fn get(&self) -> &[u8] {
+        &self.bytes[self.start..self.start + self.len]
+    }
+
+    fn get_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes[self.start..self.start + self.len]
+    }
+}
+
 /// One segment's node table, vector column and (int8 banks) side column,
-/// built in memory and written whole.
+/// built in memory and written whole. The buffers hold a full segment
+/// and serve every segment in turn.
 struct SegmentColumns {
     precision: Precision,
-    rows_per_segment: u64,
     stride: usize,
     qstride: usize,
-    table: Vec<u8>,
-    vectors: Vec<u8>,
-    quant: Vec<u8>,
+    /// Bytes of one stored vector (the stride holds padding after it).
+    vector_bytes: usize,
+    /// Rows of the segment being built.
+    rows: usize,
+    table: AlignedBuf,
+    vectors: AlignedBuf,
+    quant: AlignedBuf,
 }
 
 impl SegmentColumns {
-    fn new(m: &Manifest, rows: usize) -> SegmentColumns {
+    fn new(m: &Manifest) -> SegmentColumns {
         let stride = m.row_stride_bytes as usize;
         let qstride = m.precision.qvector_stride_bytes(m.dim_count).unwrap_or(0) as usize;
+        let rows = m.rows_per_segment as usize;
         SegmentColumns {
             precision: m.precision,
-            rows_per_segment: u64::from(m.rows_per_segment),
             stride,
             qstride,
-            table: vec![0u8; rows * ROW_SIZE_BYTES],
-            vectors: vec![0u8; rows * stride],
-            quant: vec![0u8; rows * qstride],
+            vector_bytes: (m.dim_count * m.precision.component_bytes()) as usize,
+            rows: 0,
+            table: AlignedBuf::new(rows * ROW_SIZE_BYTES),
+            vectors: AlignedBuf::new(rows * stride),
+            quant: AlignedBuf::new(rows * qstride),
         }
+    }
+
+    /// Starts a segment of `rows` rows. Every slot below `rows` is then
+    /// written in full (row, vector, padding); the bytes past it are
+    /// zeroed, as the file holds zeros there.
+    fn start(&mut self, rows: usize) {
+        self.rows = rows;
+        self.table.get_mut()[rows * ROW_SIZE_BYTES..].fill(0);
+        self.vectors.get_mut()[rows * self.stride..].fill(0);
+        let qstride = self.qstride;
+        self.quant.get_mut()[rows * qstride..].fill(0);
+    }
+
+    /// Where the first `rows` stored vectors are read to, whole strides.
+    fn stored_vectors_mut(&mut self, rows: usize) -> &mut [u8] {
+        &mut self.vectors.get_mut()[..rows * self.stride]
+    }
+
+    /// The stored bytes of slot `slot`'s vector (without its padding).
+    fn stored_vector(&self, slot: usize) -> &[u8] {
+        &self.vectors.get()[slot * self.stride..slot * self.stride + self.vector_bytes]
     }
 
     fn put(&mut self, slot: usize, row: &Row, vector: &[f32]) {
-        let stored_bytes = (vector.len() as u32 * self.precision.component_bytes()) as usize;
-        encode_vector(
-            self.precision,
-            vector,
-            &mut self.vectors[slot * self.stride..(slot + 1) * self.stride],
-        );
+        let slot_bytes = &mut self.vectors.get_mut()[slot * self.stride..(slot + 1) * self.stride];
+        let used = encode_vector(self.precision, vector, slot_bytes);
+        slot_bytes[used..].fill(0);
         if self.qstride > 0 {
-            encode_int8_row(vector, &mut self.quant[slot * self.qstride..(slot + 1) * self.qstride]);
+            encode_int8_row(
+                vector,
+                &mut self.quant.get_mut()[slot * self.qstride..(slot + 1) * self.qstride],
+            );
         }
-        self.put_row(slot, row, stored_bytes);
+        self.put_row(slot, row, true);
     }
 
-    /// As `put`, for a vector already stored in the bank's precision (a
-    /// checked copy from the mapped column): its bytes are copied.
-    fn put_stored(&mut self, slot: usize, row: &Row, stored: &[u8]) {
-        self.vectors[slot * self.stride..slot * self.stride + stored.len()].copy_from_slice(stored);
+    /// As `put`, for a vector read as stored into its slot (and checked).
+    /// A current-format row already holds the checks of those bytes; a
+    /// format-1 row gains its lane sums, an int8 side row is derived.
+    fn put_stored(&mut self, slot: usize, row: &Row, version: u32) {
+        let slot_bytes = &mut self.vectors.get_mut()[slot * self.stride..(slot + 1) * self.stride];
+        slot_bytes[self.vector_bytes..].fill(0);
         if self.qstride > 0 {
-            let vector: Vec<f32> = bytemuck::pod_collect_to_vec(stored);
-            encode_int8_row(&vector, &mut self.quant[slot * self.qstride..(slot + 1) * self.qstride]);
+            let vector: Vec<f32> = bytemuck::pod_collect_to_vec(self.stored_vector(slot));
+            encode_int8_row(
+                &vector,
+                &mut self.quant.get_mut()[slot * self.qstride..(slot + 1) * self.qstride],
+            );
         }
-        self.put_row(slot, row, stored.len());
+        let recompute = version < crate::format::FORMAT_VERSION || self.qstride > 0;
+        self.put_row(slot, row, recompute);
     }
 
-    /// Encodes `row` into its slot with the check fields of the current
-    /// format, taken from the column bytes just written (a format-1 bank
-    /// gains its lane sums here).
-    fn put_row(&mut self, slot: usize, row: &Row, stored_bytes: usize) {
-        let stored = &self.vectors[slot * self.stride..slot * self.stride + stored_bytes];
-        let qrow = (self.qstride > 0).then(|| &self.quant[slot * self.qstride..(slot + 1) * self.qstride]);
-        let checks = VectorChecks::of_stored(crate::format::FORMAT_VERSION, stored, qrow);
-        debug_assert_eq!(checks.crc32, row.vector_crc32, "the vector was checked before the copy");
+    /// Encodes `row` into its slot, with the check fields of the current
+    /// format taken from the column bytes just written when `recompute`.
+    fn put_row(&mut self, slot: usize, row: &Row, recompute: bool) {
         let mut row = row.clone();
-        checks.set_in(&mut row);
-        self.table[slot * ROW_SIZE_BYTES..(slot + 1) * ROW_SIZE_BYTES].copy_from_slice(&row.encode());
+        if recompute {
+            let qrow = (self.qstride > 0).then(|| &self.quant.get()[slot * self.qstride..(slot + 1) * self.qstride]);
+            let checks = VectorChecks::of_stored(crate::format::FORMAT_VERSION, self.stored_vector(slot), qrow);
+            debug_assert_eq!(checks.crc32, row.vector_crc32, "the vector was checked before the copy");
+            checks.set_in(&mut row);
+        }
+        self.table.get_mut()[slot * ROW_SIZE_BYTES..(slot + 1) * ROW_SIZE_BYTES].copy_from_slice(&row.encode());
     }
 
     /// Writes the segment's files (fsynced later, see `sync_files`);
@@ -372,34 +457,39 @@ impl SegmentColumns {
         target: &dyn Storage,
         generation: u32,
         segment: u32,
+        copy: CopyKind,
         written: &mut Vec<(String, Arc<dyn StorageFile>)>,
     ) -> Result<u64, BankError> {
-        let rps = self.rows_per_segment;
-        write_segment(
-            target,
-            &table_segment_file(generation, segment),
-            rps * ROW_SIZE_BYTES as u64,
-            &self.table,
-            written,
-        )?;
-        write_segment(
-            target,
-            &vector_segment_file(generation, segment),
-            rps * self.stride as u64,
-            &self.vectors,
-            written,
-        )?;
-        if self.qstride > 0 {
-            let name = qvector_segment_file(generation, segment);
-            write_segment(target, &name, rps * self.qstride as u64, &self.quant, written)?;
+        let mode = match copy {
+            CopyKind::Live => OpenMode::Create,
+            CopyKind::Frozen => OpenMode::CreateUncached,
+        };
+        let columns = [
+            (table_segment_file(generation, segment), &self.table, ROW_SIZE_BYTES),
+            (vector_segment_file(generation, segment), &self.vectors, self.stride),
+            (qvector_segment_file(generation, segment), &self.quant, self.qstride),
+        ];
+        let mut total_bytes = 0;
+        for (name, buf, unit_bytes) in columns.iter().filter(|c| c.2 > 0) {
+            let used_bytes = self.rows * unit_bytes;
+            // Whole aligned blocks (zeros past the rows, as in the file)
+            // so a direct write takes the last block too.
+            let write_bytes = used_bytes.next_multiple_of(DIRECT_ALIGN_BYTES).min(buf.len);
+            write_segment(target, name, buf.len as u64, &buf.get()[..write_bytes], mode, written)?;
+            total_bytes += used_bytes as u64;
         }
-        Ok((self.table.len() + self.vectors.len() + self.quant.len()) as u64)
+        Ok(total_bytes)
     }
 }
 
-fn create_file(target: &dyn Storage, name: &str, size_bytes: u64) -> Result<Arc<dyn StorageFile>, BankError> {
+fn create_file(
+    target: &dyn Storage,
+    name: &str,
+    size_bytes: u64,
+    mode: OpenMode,
+) -> Result<Arc<dyn StorageFile>, BankError> {
     let file = target
-        .open(name, OpenMode::Create)
+        .open(name, mode)
         .map_err(StorageError::io("create", target.describe(name)))?;
     file.set_len(size_bytes)
         .map_err(StorageError::io("size", target.describe(name)))?;
@@ -412,9 +502,10 @@ fn write_segment(
     name: &str,
     size_bytes: u64,
     bytes: &[u8],
+    mode: OpenMode,
     written: &mut Vec<(String, Arc<dyn StorageFile>)>,
 ) -> Result<(), BankError> {
-    let file = create_file(target, name, size_bytes)?;
+    let file = create_file(target, name, size_bytes, mode)?;
     write_bulk_at(file.as_ref(), bytes, 0).map_err(StorageError::io("write", target.describe(name)))?;
     written.push((name.to_string(), file));
     Ok(())

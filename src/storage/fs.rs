@@ -26,6 +26,9 @@ impl FileStorage {
 
 struct RealFile {
     file: File,
+    /// The same file opened with `O_DIRECT` (`OpenMode::CreateUncached`,
+    /// where the file system takes it): aligned writes go through it.
+    direct: Option<File>,
 }
 
 struct RealMap(memmap2::Mmap);
@@ -50,6 +53,15 @@ impl StorageFile for RealFile {
     }
 
     fn write_all_at(&self, buf: &[u8], offset_bytes: u64) -> io::Result<()> {
+        if let Some(direct) = self.direct.as_ref().filter(|_| direct_aligned(buf, offset_bytes)) {
+            match direct.write_all_at(buf, offset_bytes) {
+                // A device whose blocks are larger than DIRECT_ALIGN_BYTES
+                // refuses the write before writing anything: write it
+                // through the page cache instead.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                done => return done,
+            }
+        }
         self.file.write_all_at(buf, offset_bytes)
     }
 
@@ -67,6 +79,10 @@ impl StorageFile for RealFile {
 
     fn start_writeback(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
         start_writeback(&self.file, offset_bytes, len_bytes)
+    }
+
+    fn drop_cache(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+        drop_cache(&self.file, offset_bytes, len_bytes)
     }
 
     fn map(&self) -> io::Result<Mapping> {
@@ -139,16 +155,69 @@ fn start_writeback(_file: &File, _offset_bytes: u64, _len_bytes: u64) -> io::Res
     Ok(())
 }
 
+/// `posix_fadvise(POSIX_FADV_DONTNEED)`: the kernel drops the range's
+/// clean cached pages that no process maps, so their memory is free for
+/// the next writes at once. Dirty and mapped pages stay. Only a hint: an
+/// error says nothing about the file's bytes, so none is reported.
+#[cfg(target_os = "linux")]
+fn drop_cache(file: &File, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset_bytes), i64::try_from(len_bytes)) else {
+        return Ok(());
+    };
+    // SAFETY: the call takes integers only and touches no memory of this
+    // process; the descriptor stays open for the call (`file` is
+    // borrowed), so it cannot name another file.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), offset, len, libc::POSIX_FADV_DONTNEED) };
+    Ok(())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn drop_cache(_file: &File, _offset_bytes: u64, _len_bytes: u64) -> io::Result<()> {
+    Ok(())
+}
+
+/// Whether a write can go through an `O_DIRECT` descriptor: its memory,
+/// file offset and length all on `DIRECT_ALIGN_BYTES` boundaries.
+fn direct_aligned(buf: &[u8], offset_bytes: u64) -> bool {
+    let align = super::DIRECT_ALIGN_BYTES;
+    (buf.as_ptr() as usize).is_multiple_of(align)
+        && offset_bytes.is_multiple_of(align as u64)
+        && buf.len().is_multiple_of(align)
+}
+
+/// The file at `path` opened a second time for direct writes, or None
+/// where the file system has no `O_DIRECT` (tmpfs, some FUSE ones).
+#[cfg(target_os = "linux")]
+fn open_direct(path: &Path) -> Option<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .ok()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn open_direct(_path: &Path) -> Option<File> {
+    None
+}
+
 impl Storage for FileStorage {
     fn open(&self, name: &str, mode: OpenMode) -> io::Result<Arc<dyn StorageFile>> {
         let mut opts = OpenOptions::new();
         match mode {
             OpenMode::Read => opts.read(true),
             OpenMode::ReadWrite => opts.read(true).write(true),
-            OpenMode::Create => opts.read(true).write(true).create(true),
+            OpenMode::Create | OpenMode::CreateUncached => opts.read(true).write(true).create(true),
         };
-        let file = opts.open(self.dir.join(name))?;
-        Ok(Arc::new(RealFile { file }))
+        let path = self.dir.join(name);
+        let file = opts.open(&path)?;
+        let direct = match mode {
+            OpenMode::CreateUncached => open_direct(&path),
+            _ => None,
+        };
+        Ok(Arc::new(RealFile { file, direct }))
     }
 
     fn exists(&self, name: &str) -> io::Result<bool> {
@@ -200,4 +269,77 @@ impl Storage for FileStorage {
     fn describe(&self, name: &str) -> String {
         self.dir.join(name).display().to_string()
     }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// How many of the file's pages the page cache holds.
+    fn cached_pages(path: &Path) -> usize {
+        use std::os::fd::AsRawFd;
+        let file = File::open(path).unwrap();
+        let len = file.metadata().unwrap().len() as usize;
+        // SAFETY: a fresh read-only shared mapping of `len` bytes of an
+        // open file; mincore only reads its page-table state into `out`,
+        // which holds one byte per 4 KiB page of the mapping; the mapping
+        // is unmapped before it goes out of use and no byte is read.
+        unsafe {
+            let map = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            );
+            assert_ne!(map, libc::MAP_FAILED);
+            let mut out = vec![0u8; len.div_ceil(4096)];
+            assert_eq!(libc::mincore(map, len, out.as_mut_ptr()), 0);
+            libc::munmap(map, len);
+            out.iter().filter(|&&b| b & 1 != 0).count()
+        }
+    }
+
+    /// An uncached file takes aligned writes around the page cache and
+    /// unaligned ones through it, and reads back both, by read and map.
+    #[test]
+    fn uncached_files_write_aligned_blocks_around_the_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = FileStorage::new(dir.path());
+        let file = storage.open("f", OpenMode::CreateUncached).unwrap();
+        file.set_len(64 * 1024).unwrap();
+        let mut aligned = vec![0u8; 32 * 1024 + DIRECT];
+        let start = aligned.as_ptr().align_offset(DIRECT);
+        let block = &mut aligned[start..start + 32 * 1024];
+        block.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8);
+        file.write_all_at(block, 0).unwrap();
+        // Asked of the file system itself, not of `open_direct`.
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut opts = OpenOptions::new();
+        if opts
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(dir.path().join("f"))
+            .is_ok()
+        {
+            assert_eq!(
+                cached_pages(&dir.path().join("f")),
+                0,
+                "the aligned write bypassed the cache"
+            );
+        } else {
+            eprintln!("no O_DIRECT on this file system: only the read-back is checked");
+        }
+        file.write_all_at(b"unaligned", 40_000).unwrap();
+        let mut back = vec![0u8; 32 * 1024];
+        file.read_exact_at(&mut back, 0).unwrap();
+        assert_eq!(back, block);
+        let map = file.map().unwrap();
+        assert_eq!(&map[..32 * 1024], block);
+        assert_eq!(&map[40_000..40_009], b"unaligned");
+        assert!(map[32 * 1024..40_000].iter().all(|&b| b == 0));
+    }
+
+    const DIRECT: usize = super::super::DIRECT_ALIGN_BYTES;
 }

@@ -92,6 +92,11 @@ impl StorageFile for MemFile {
         Ok(())
     }
 
+    /// Memory is the only cache here: nothing to drop.
+    fn drop_cache(&self, _offset_bytes: u64, _len_bytes: u64) -> io::Result<()> {
+        Ok(())
+    }
+
     fn map(&self) -> io::Result<Mapping> {
         Ok(super::snapshot::snapshot(&self.bytes.lock().unwrap()))
     }
@@ -110,7 +115,7 @@ impl Storage for MemStorage {
         let mut files = self.files.lock().unwrap();
         let bytes = match (files.get(name), mode) {
             (Some(b), _) => b.clone(),
-            (None, OpenMode::Create) => files.entry(name.to_string()).or_default().clone(),
+            (None, OpenMode::Create | OpenMode::CreateUncached) => files.entry(name.to_string()).or_default().clone(),
             (None, _) => {
                 return Err(io::Error::new(io::ErrorKind::NotFound, format!("{name} not found")));
             }

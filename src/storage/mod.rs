@@ -115,7 +115,19 @@ pub enum OpenMode {
     ReadWrite,
     /// Read and write, created empty if missing.
     Create,
+    /// As `Create`, for a bulk copy no one reads soon (a frozen copy):
+    /// writes whose memory, offset and length are multiples of
+    /// [`DIRECT_ALIGN_BYTES`] bypass the page cache where the file system
+    /// allows (Linux `O_DIRECT`). Durability is unchanged: only
+    /// `sync_data` makes anything durable. Simulated storages treat it as
+    /// `Create`.
+    CreateUncached,
 }
+
+/// The alignment of a write that may bypass the page cache
+/// (`OpenMode::CreateUncached`): the largest logical block size of
+/// common disks, so one constant serves every device.
+pub const DIRECT_ALIGN_BYTES: usize = 4096;
 
 /// A read-only view of a whole file. For real files this is a shared
 /// memory map, so the bytes are paged in on demand and never copied.
@@ -157,6 +169,11 @@ pub trait StorageFile: Send + Sync {
     /// a memory-capped cgroup) to flush at once. An error is an I/O
     /// failure like a failed write.
     fn start_writeback(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()>;
+    /// Tells the OS that the range will not be read again soon, so it may
+    /// drop its clean, unmapped cached pages (Linux `posix_fadvise` with
+    /// `POSIX_FADV_DONTNEED`) and reuse their memory. A hint: it never
+    /// changes the file's bytes, and never fails.
+    fn drop_cache(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()>;
     /// Maps the whole file as it is now, read only. The engine maps only
     /// fixed-size segments, so a mapping is never invalidated by growth.
     fn map(&self) -> io::Result<Mapping>;
@@ -252,6 +269,9 @@ macro_rules! forward_size_ops {
         fn sync_data(&self) -> std::io::Result<()> {
             self.inner.sync_data()
         }
+        fn drop_cache(&self, offset_bytes: u64, len_bytes: u64) -> std::io::Result<()> {
+            self.inner.drop_cache(offset_bytes, len_bytes)
+        }
     };
 }
 use forward_size_ops;
@@ -343,6 +363,9 @@ mod tests {
         fn start_writeback(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
             self.hints.lock().unwrap().push((offset_bytes, len_bytes));
             Ok(())
+        }
+        fn drop_cache(&self, _offset_bytes: u64, _len_bytes: u64) -> io::Result<()> {
+            unimplemented!("not dropped")
         }
         fn map(&self) -> io::Result<Mapping> {
             unimplemented!("not mapped")

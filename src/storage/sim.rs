@@ -359,6 +359,11 @@ impl StorageFile for SimFile {
         }
     }
 
+    /// Memory is the only cache here: nothing to drop.
+    fn drop_cache(&self, _offset_bytes: u64, _len_bytes: u64) -> io::Result<()> {
+        Ok(())
+    }
+
     fn map(&self) -> io::Result<Mapping> {
         Ok(super::snapshot::snapshot(
             &self.state.lock().unwrap().inodes[self.inode].volatile,
@@ -379,7 +384,7 @@ impl Storage for SimStorage {
         let mut s = self.state.lock().unwrap();
         let inode = match (s.dir_volatile.get(name).copied(), mode) {
             (Some(i), _) => i,
-            (None, OpenMode::Create) => {
+            (None, OpenMode::Create | OpenMode::CreateUncached) => {
                 if s.begin("create")?.is_some() {
                     return Err(eio("create"));
                 }
