@@ -161,14 +161,9 @@ fn start_writeback(_file: &File, _offset_bytes: u64, _len_bytes: u64) -> io::Res
 /// error says nothing about the file's bytes, so none is reported.
 #[cfg(target_os = "linux")]
 fn drop_cache(file: &File, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let (Ok(offset), Ok(len)) = (i64::try_from(offset_bytes), i64::try_from(len_bytes)) else {
-        return Ok(());
-    };
-    // SAFETY: the call takes integers only and touches no memory of this
-    // process; the descriptor stays open for the call (`file` is
-    // borrowed), so it cannot name another file.
-    unsafe { libc::posix_fadvise(file.as_raw_fd(), offset, len, libc::POSIX_FADV_DONTNEED) };
+    if let Some(len) = std::num::NonZeroU64::new(len_bytes) {
+        let _ = rustix::fs::fadvise(file, offset_bytes, Some(len), rustix::fs::Advice::DontNeed);
+    }
     Ok(())
 }
 
