@@ -17,6 +17,7 @@ use std::ops::ControlFlow;
 use super::core::Core;
 use super::error::{ApiError, ApiResult};
 use super::vectors::{WithEmbedding, parse_with_embedding};
+use crate::api::ObjectOnly;
 
 /// Limits on what one request may ask; each breach is a clear 4xx.
 #[derive(Debug, Clone)]
@@ -196,11 +197,12 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8], max_depth: usize) -> ApiRes
     // The untracked parse is the common case (tracking the path costs a
     // wrapper around every value: ~a third of parsing an embedding); only
     // a body it refuses is parsed again to name the field.
-    if let Ok(value) = serde_json::from_slice(bytes) {
+    // A body is an object (`ObjectOnly`), never a positional array.
+    if let Ok(ObjectOnly(value)) = serde_json::from_slice(bytes) {
         return Ok(value);
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let ObjectOnly(value) = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         let message = inner.to_string();
