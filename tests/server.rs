@@ -274,7 +274,11 @@ fn every_error_status_names_the_problem() {
     assert_eq!(e["field"], "id", "{e}");
     let fields = json!({"payload": {"execution_procedure": "x"}}).to_string();
     server.post("/v1/nodes/kid/consolidate", &serde_json::from_str(&fields).unwrap());
-    server.fails("POST", "/v1/nodes/kid/consolidate", Some(&fields), 409);
+    // The node in the path is to blame, not the payload.
+    let e = server.fails("POST", "/v1/nodes/kid/consolidate", Some(&fields), 409);
+    assert_eq!(e["field"], "id", "{e}");
+    let e = server.fails("POST", "/v1/nodes/0/consolidate", Some(&fields), 400);
+    assert_eq!(e["field"], "id", "{e}");
     // Nothing refused was stored.
     assert_eq!(server.get("/v1/bank")["node_count"], 3);
     assert_eq!(server.get("/v1/verify")["ok"], true);
