@@ -847,3 +847,23 @@ fn init_refuses_to_overwrite_a_bank_that_lost_its_manifest() {
     assert_eq!(report["ok"], false);
     assert_eq!(report["problems"][0]["file"], format!("{}/MANIFEST", s(&b)), "{report}");
 }
+
+/// `export --out` pointed into the bank it reads would replace one of the
+/// bank's own files (its MANIFEST, its WAL) with the export.
+#[test]
+fn export_refuses_to_write_into_the_bank_directory() {
+    let (_dir, b) = bank(&[]);
+    insert(&b, &[task(json!("root"), "kept", &[1.0, 0.0, 0.0, 0.0])]);
+    for file in ["MANIFEST", "wal.log"] {
+        let out = b.join(file);
+        let before = std::fs::read(&out).unwrap();
+        let run = deltamem(
+            &["export", s(&b), "--tree", "task", "--format", "jsonl", "--out", s(&out)],
+            "",
+        );
+        assert_ne!(run.code, 0, "export over {file} succeeded");
+        assert!(run.stderr.contains("bank directory"), "{}", run.stderr);
+        assert_eq!(std::fs::read(&out).unwrap(), before, "{file} changed");
+    }
+    ok(&["verify", s(&b)], "");
+}
