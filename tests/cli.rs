@@ -815,3 +815,55 @@ fn init_refuses_segments_too_small_for_the_map_limit() {
     assert!(!path.exists());
     ok(&["init", s(&path), "--dim", "4", "--rows-per-segment", "1024"], "");
 }
+
+/// A bank whose MANIFEST is lost still holds its WAL, payloads and
+/// segments: `init` there must not truncate them into a fresh bank, and
+/// opening it must say the manifest is missing, not that this is no bank.
+#[test]
+fn init_refuses_to_overwrite_a_bank_that_lost_its_manifest() {
+    let (_dir, b) = bank(&[]);
+    insert(&b, &[task(json!("root"), "kept", &[1.0, 0.0, 0.0, 0.0])]);
+    std::fs::remove_file(b.join("MANIFEST")).unwrap();
+    let before: Vec<(String, Vec<u8>)> = ["wal.log", "payloads.log", "nodes-000000.seg"]
+        .iter()
+        .map(|f| (f.to_string(), std::fs::read(b.join(f)).unwrap()))
+        .collect();
+    let run = deltamem(&["init", s(&b), "--dim", "4"], "");
+    assert_ne!(run.code, 0, "init over a bank's data files succeeded");
+    assert!(
+        run.stderr.contains("MANIFEST") && run.stderr.contains("payloads.log"),
+        "{}",
+        run.stderr
+    );
+    for (file, bytes) in &before {
+        assert_eq!(&std::fs::read(b.join(file)).unwrap(), bytes, "{file} changed");
+    }
+    assert!(!b.join("MANIFEST").exists());
+    let run = deltamem(&["dump", s(&b)], "");
+    assert_ne!(run.code, 0);
+    assert!(run.stderr.contains("MANIFEST is missing"), "{}", run.stderr);
+    let run = deltamem(&["verify", s(&b), "--json"], "");
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(report["ok"], false);
+    assert_eq!(report["problems"][0]["file"], format!("{}/MANIFEST", s(&b)), "{report}");
+}
+
+/// `export --out` pointed into the bank it reads would replace one of the
+/// bank's own files (its MANIFEST, its WAL) with the export.
+#[test]
+fn export_refuses_to_write_into_the_bank_directory() {
+    let (_dir, b) = bank(&[]);
+    insert(&b, &[task(json!("root"), "kept", &[1.0, 0.0, 0.0, 0.0])]);
+    for file in ["MANIFEST", "wal.log"] {
+        let out = b.join(file);
+        let before = std::fs::read(&out).unwrap();
+        let run = deltamem(
+            &["export", s(&b), "--tree", "task", "--format", "jsonl", "--out", s(&out)],
+            "",
+        );
+        assert_ne!(run.code, 0, "export over {file} succeeded");
+        assert!(run.stderr.contains("bank directory"), "{}", run.stderr);
+        assert_eq!(std::fs::read(&out).unwrap(), before, "{file} changed");
+    }
+    ok(&["verify", s(&b)], "");
+}

@@ -274,10 +274,40 @@ fn every_error_status_names_the_problem() {
     assert_eq!(e["field"], "id", "{e}");
     let fields = json!({"payload": {"execution_procedure": "x"}}).to_string();
     server.post("/v1/nodes/kid/consolidate", &serde_json::from_str(&fields).unwrap());
-    server.fails("POST", "/v1/nodes/kid/consolidate", Some(&fields), 409);
+    // The node in the path is to blame, not the payload.
+    let e = server.fails("POST", "/v1/nodes/kid/consolidate", Some(&fields), 409);
+    assert_eq!(e["field"], "id", "{e}");
+    let e = server.fails("POST", "/v1/nodes/0/consolidate", Some(&fields), 400);
+    assert_eq!(e["field"], "id", "{e}");
     // Nothing refused was stored.
     assert_eq!(server.get("/v1/bank")["node_count"], 3);
     assert_eq!(server.get("/v1/verify")["ok"], true);
+}
+
+/// A body is a JSON object: serde would otherwise take a struct from a
+/// positional array (`["task","root",..]`), so a client's mistake (or a
+/// document in another shape) would be stored as if it were well formed.
+#[test]
+fn a_body_that_is_not_an_object_is_refused() {
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &[]);
+    server.post("/v1/nodes", &node("task", json!("root"), "a", &one_hot(0)));
+    let positional = json!(["task", "root", "SUCCESS", "b", {}, one_hot(1)]).to_string();
+    let e = server.fails("POST", "/v1/nodes", Some(&positional), 400);
+    assert!(e["error"].as_str().unwrap().contains("object"), "{e}");
+    let batch = json!({"nodes": [["task", "root", "SUCCESS", "b", {}, one_hot(1)]]}).to_string();
+    let e = server.fails("POST", "/v1/nodes/batch", Some(&batch), 400);
+    assert_eq!(e["field"], "nodes[0]", "{e}");
+    let query = json!([one_hot(0), 3]).to_string();
+    server.fails("POST", "/v1/trees/task/query", Some(&query), 400);
+    let queries = json!([[one_hot(0)], 3]).to_string();
+    server.fails("POST", "/v1/trees/task/query_batch", Some(&queries), 400);
+    server.fails("POST", "/v1/retrievals", Some("[[0]]"), 400);
+    server.fails("POST", "/v1/nodes/0/consolidate", Some("[{}]"), 400);
+    // Nothing refused was stored or counted.
+    assert_eq!(server.get("/v1/bank")["node_count"], 1);
+    assert_eq!(server.get("/v1/nodes/0")["retrievals"], 0);
+    assert_eq!(server.terminate(), 0);
 }
 
 #[test]

@@ -100,6 +100,11 @@ fn classify(e: &BankError, details: &mut Details) -> Kind {
             details.errno = cause.raw_os_error();
             Kind::Io
         }
+        BankError::ManifestMissing { path, .. } => {
+            details.file = Some(format!("{path}MANIFEST"));
+            details.offset_bytes = Some(0);
+            Kind::Corrupt
+        }
         BankError::NotABank { .. } | BankError::UnknownTree { .. } | BankError::UnknownNode(_) => Kind::NotFound,
         BankError::ReadOnly(_) => Kind::ReadOnly,
         BankError::Poisoned(_) => Kind::Poisoned,

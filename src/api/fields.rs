@@ -165,3 +165,34 @@ impl<'de> Deserialize<'de> for Fields {
         d.deserialize_map(FieldsVisitor)
     }
 }
+
+/// A `T` taken only from a JSON object. A derived struct also accepts a
+/// positional array (`["task","root",..]` for `{"tree":..,"attach":..}`),
+/// which no face documents: a body in another shape would be stored as
+/// if it were well formed. The map is handed to `T` as it comes, so a
+/// path-tracking deserializer still names the key at fault inside it.
+#[derive(Debug)]
+pub struct ObjectOnly<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for ObjectOnly<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ObjectOnly<T>, D::Error> {
+        struct ObjectVisitor<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(ObjectVisitor(std::marker::PhantomData))
+            .map(ObjectOnly)
+    }
+}
+
+/// `deserialize_with` for a list of objects (`ObjectOnly` per item).
+pub fn objects_only<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    let items = Vec::<ObjectOnly<T>>::deserialize(d)?;
+    Ok(items.into_iter().map(|ObjectOnly(item)| item).collect())
+}

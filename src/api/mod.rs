@@ -26,7 +26,7 @@ use thiserror::Error;
 
 use crate::bank::BankError;
 
-pub use fields::{AttachJson, Fields, LabelJson, NodeRefJson, NodeTypeJson};
+pub use fields::{AttachJson, Fields, LabelJson, NodeRefJson, NodeTypeJson, ObjectOnly, objects_only};
 pub use insert::{InsertReply, InsertRequest, MatchedAt, RowMeta};
 pub use node::{ChainNode, ChainReply, ConsolidateReply, ConsolidateRequest, DueReply, HitReply, NodeReply};
 pub use query::{MatchReply, QueryDefaults, QueryReply, QueryRequest, TreeQuery};

@@ -14,6 +14,13 @@ pub enum BankError {
     NotABank { path: String },
     #[error("{path} already holds a bank")]
     AlreadyExists { path: String },
+    /// Data files of a bank without its MANIFEST (lost, or deleted by
+    /// hand): not an empty place for a new bank, and not openable.
+    #[error(
+        "{path} holds a bank's data files ({files}) but its MANIFEST is missing: \
+         restore the MANIFEST, or move those files away before creating a bank there"
+    )]
+    ManifestMissing { path: String, files: String },
     #[error("invalid configuration: {0}")]
     BadConfig(String),
     #[error("bad query option: {0}")]

@@ -166,6 +166,7 @@ impl Bank {
                 path: storage.describe(""),
             });
         }
+        refuse_orphaned_data(storage.as_ref())?;
         let rows_per_segment = config
             .rows_per_segment
             .unwrap_or_else(|| default_rows_per_segment(config.precision.vector_stride_bytes(config.dim_count)));
@@ -362,6 +363,45 @@ fn read_consistent_state(storage: &dyn Storage, read_only: bool) -> Result<(Mani
     }
 }
 
+/// Refuses a directory without a MANIFEST that holds what only a bank
+/// that once had one writes: a segment, payload bytes, or a WAL longer than
+/// its header. `create` would truncate them (a crash in `create`, before
+/// its manifest, leaves only an empty payload log and a bare WAL header).
+fn refuse_orphaned_data(storage: &dyn Storage) -> Result<(), BankError> {
+    let names = match storage.list() {
+        Ok(names) => names,
+        // No directory: nothing to protect (the caller says "not a bank").
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(StorageError::io("list", storage.describe(""))(e).into()),
+    };
+    let mut found = Vec::new();
+    for name in names {
+        let is_data = crate::storage::data_file_generation(&name).is_some();
+        if !is_data && name != WAL_FILE {
+            continue;
+        }
+        let len_bytes = storage
+            .open(&name, OpenMode::Read)
+            .and_then(|f| f.len_bytes())
+            .map_err(StorageError::io("stat", storage.describe(&name)))?;
+        let empty_bytes = match is_data {
+            true => 0,
+            false => crate::format::wal::WAL_HEADER_SIZE_BYTES as u64,
+        };
+        if len_bytes > empty_bytes {
+            found.push(name);
+        }
+    }
+    if found.is_empty() {
+        return Ok(());
+    }
+    found.sort();
+    Err(BankError::ManifestMissing {
+        path: storage.describe(""),
+        files: found.join(", "),
+    })
+}
+
 /// Reads and decodes MANIFEST, telling "not a bank" apart from corruption.
 pub(crate) fn read_manifest(storage: &dyn Storage) -> Result<Manifest, BankError> {
     let desc = storage.describe(MANIFEST_FILE);
@@ -369,6 +409,7 @@ pub(crate) fn read_manifest(storage: &dyn Storage) -> Result<Manifest, BankError
         .exists(MANIFEST_FILE)
         .map_err(StorageError::io("stat", desc.clone()))?
     {
+        refuse_orphaned_data(storage)?;
         return Err(BankError::NotABank {
             path: storage.describe(""),
         });

@@ -8,7 +8,8 @@ use crate::format::row::{ROW_SIZE_BYTES, Row};
 use crate::format::{NODE_NONE, crc32};
 use crate::storage::wal::scan;
 use crate::storage::{
-    OpenMode, StorageError, WAL_FILE, payload_file, qvector_segment_file, table_segment_file, vector_segment_file,
+    MANIFEST_FILE, OpenMode, StorageError, WAL_FILE, payload_file, qvector_segment_file, table_segment_file,
+    vector_segment_file,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -70,6 +71,10 @@ impl Problem {
             BankError::WalDamaged {
                 ref file, offset_bytes, ..
             } => (file.clone(), offset_bytes, e.to_string()),
+            BankError::ManifestMissing { .. } => {
+                let manifest = format!("{}/{MANIFEST_FILE}", bank_dir.trim_end_matches('/'));
+                (manifest, 0, e.to_string())
+            }
             other => (bank_dir.to_string(), 0, other.to_string()),
         };
         Problem {

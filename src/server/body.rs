@@ -65,6 +65,8 @@ pub struct QueryBatchAnswer {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InsertBatchRequest {
+    /// Each an object (an insert line), never a positional array.
+    #[serde(deserialize_with = "crate::api::objects_only")]
     pub nodes: Vec<InsertRequest>,
 }
 

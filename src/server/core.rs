@@ -383,9 +383,11 @@ pub(super) fn apply(bank: &mut Bank, op: WriteOp) -> ApiResult<WriteDone> {
         }
         WriteOp::Consolidate(node, fields) => {
             let index = bank.resolve(&node).map_err(|e| ApiError::from_bank(e, "id"))?;
+            // Refusals are about the node named (already consolidated, a
+            // root); an oversized payload names itself (`field_of`).
             let ack = bank
                 .consolidate(index, fields)
-                .map_err(|e| ApiError::from_bank(e, "payload"))?;
+                .map_err(|e| ApiError::from_bank(e, "id"))?;
             Ok(WriteDone::Consolidated(ack.into()))
         }
         #[cfg(feature = "agent")]

@@ -17,6 +17,7 @@ use std::ops::ControlFlow;
 use super::core::Core;
 use super::error::{ApiError, ApiResult};
 use super::vectors::{WithEmbedding, parse_with_embedding};
+use crate::api::ObjectOnly;
 
 /// Limits on what one request may ask; each breach is a clear 4xx.
 #[derive(Debug, Clone)]
@@ -196,19 +197,14 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8], max_depth: usize) -> ApiRes
     // The untracked parse is the common case (tracking the path costs a
     // wrapper around every value: ~a third of parsing an embedding); only
     // a body it refuses is parsed again to name the field.
-    if let Ok(value) = serde_json::from_slice(bytes) {
+    // A body is an object (`ObjectOnly`), never a positional array.
+    if let Ok(ObjectOnly(value)) = serde_json::from_slice(bytes) {
         return Ok(value);
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let ObjectOnly(value) = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
-        let inner = e.into_inner();
-        let message = inner.to_string();
-        let message = message.split(" at line ").next().unwrap_or(&message).to_string();
-        match path.as_str() {
-            "." | "" => ApiError::new(StatusCode::BAD_REQUEST, format!("bad JSON body: {message}")),
-            _ => ApiError::bad_field(&path, format!("field {path:?}: {message}")),
-        }
+        body_error(bytes, &path, &e.into_inner())
     })?;
     de.end().map_err(|e| {
         ApiError::new(
@@ -217,6 +213,41 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8], max_depth: usize) -> ApiRes
         )
     })?;
     Ok(value)
+}
+
+/// The error for a body serde_json refused, `path` the key path where it
+/// stopped. Broken JSON is placed by line and column (a body may span
+/// lines) and blames only the part of the path the parser knew: a `?`
+/// segment stands for a key it had not read yet.
+fn body_error(body: &[u8], path: &str, inner: &serde_json::Error) -> ApiError {
+    let full = inner.to_string();
+    let reason = full.split(" at line ").next().unwrap_or(&full);
+    if inner.is_syntax() || inner.is_eof() {
+        let known = path.split('.').take_while(|s| !s.is_empty() && !s.starts_with('?'));
+        let known = known.collect::<Vec<_>>().join(".");
+        let place = format!("line {} column {}", inner.line(), inner.column());
+        let hint = match [&b"NaN"[..], b"Infinity"]
+            .iter()
+            .any(|w| body.windows(w.len()).any(|b| b == *w))
+        {
+            true => " (JSON has no NaN or Infinity)",
+            false => "",
+        };
+        return match known.as_str() {
+            "" => ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("malformed JSON body at {place}: {reason}{hint}"),
+            ),
+            _ => ApiError::bad_field(
+                &known,
+                format!("malformed JSON in {known:?} at {place}: {reason}{hint}"),
+            ),
+        };
+    }
+    match path {
+        "." | "" => ApiError::new(StatusCode::BAD_REQUEST, format!("bad JSON body: {reason}")),
+        _ => ApiError::bad_field(path, format!("field {path:?}: {reason}")),
+    }
 }
 
 /// Bytes scanned at a time by `nesting_beyond`: a block holding none of
@@ -350,6 +381,29 @@ mod tests {
                 false => body,
             };
             proptest::prop_assert_eq!(nesting_beyond(&body, max_depth), nesting_bytewise(&body, max_depth));
+        }
+    }
+
+    /// Broken JSON is placed by line and column; the field is named only
+    /// as far as the parser knew it (never serde_path_to_error's `?`).
+    #[test]
+    fn broken_json_is_placed_not_blamed_on_a_question_mark() {
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct T {
+            a: String,
+            payload: crate::api::Fields,
+        }
+        let e = parse_json::<T>(b"{\"a\":\"x\" \"payload\":{}}", 8).unwrap_err();
+        assert_eq!(e.field, None, "{}", e.message);
+        assert!(e.message.contains("line 1 column 10"), "{}", e.message);
+        let e = parse_json::<T>(b"{\"a\":\"x\",\n\"payload\":{\"k\":\"v\",}}", 8).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("payload"), "{}", e.message);
+        assert!(e.message.contains("line 2 column"), "{}", e.message);
+        for body in [&b"{\"a\":\"x\""[..], b"", b" "] {
+            let e = parse_json::<T>(body, 8).unwrap_err();
+            assert_eq!(e.field, None, "{}", e.message);
+            assert!(e.message.contains("EOF"), "{}", e.message);
         }
     }
 

@@ -20,6 +20,7 @@ use serde::de::DeserializeOwned;
 use super::body::{InsertRequest, TreeQuery};
 use super::error::ApiResult;
 use super::http::{parse_json, walk_structure};
+use crate::api::ObjectOnly;
 
 /// A request body with a top-level `embedding`.
 pub trait WithEmbedding {
@@ -55,7 +56,7 @@ fn fast_parse<T: DeserializeOwned + WithEmbedding>(bytes: &[u8], max_depth: usiz
     rest.extend_from_slice(&bytes[..span.start]);
     rest.extend_from_slice(b"[]");
     rest.extend_from_slice(&bytes[span.end..]);
-    let mut value: T = serde_json::from_slice(&rest).ok()?;
+    let ObjectOnly(mut value): ObjectOnly<T> = serde_json::from_slice(&rest).ok()?;
     *value.embedding_mut() = embedding;
     Some(value)
 }
