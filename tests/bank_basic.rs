@@ -543,6 +543,17 @@ fn compact_switches_generation_and_keeps_every_answer() {
     assert!(bank.verify().unwrap().is_ok());
 }
 
+fn open_read_only(path: &std::path::Path) -> Bank {
+    Bank::open_dir(
+        path,
+        OpenOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
 /// Checks the raw segment files of generation `suffix` ("" or ".gN") of
 /// a bank of `nodes` rows: every vector slot's padding is zero, and every
 /// slot past the last row is zero in both columns (as in a fresh file).
@@ -588,14 +599,7 @@ fn compact_and_freeze_leave_zeros_past_the_last_row() {
     let out = dir.path().join("frozen");
     assert_eq!(bank.freeze_to(&out).unwrap().nodes, 11);
     assert_zeros_past_rows(&out, "", 11, stride_bytes);
-    let frozen = Bank::open_dir(
-        &out,
-        OpenOptions {
-            read_only: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let frozen = open_read_only(&out);
     assert_eq!(all_answers(&frozen), before);
     assert!(frozen.verify().unwrap().is_ok());
 }
@@ -611,14 +615,7 @@ fn freeze_writes_a_read_only_copy_with_the_same_answers() {
     assert_eq!(report.nodes, 9);
     assert!(matches!(bank.freeze_to(&out), Err(BankError::AlreadyExists { .. })));
     drop(bank);
-    let frozen = Bank::open_dir(
-        &out,
-        OpenOptions {
-            read_only: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let frozen = open_read_only(&out);
     assert!(frozen.manifest().is_frozen());
     assert_eq!(all_answers(&frozen), before);
     let report = frozen.verify().unwrap();
