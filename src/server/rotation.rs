@@ -206,6 +206,22 @@ mod tests {
         assert_eq!(long, (0..6).collect::<Vec<_>>(), "every chunk of 0..52 once");
     }
 
+    /// A query that sees fewer rows skips the chunks past them while the
+    /// rotation serves a query that sees more, and still gets the chunk
+    /// before the one it joined at.
+    #[test]
+    fn a_shorter_query_skips_the_chunks_past_its_rows() {
+        let mut r = Rotation::new(10);
+        r.join("a", Vec::new(), 25);
+        step(&mut r);
+        r.join("b", Vec::new(), 25);
+        step(&mut r);
+        r.join("c", Vec::new(), 52);
+        assert_eq!(step(&mut r), (2, vec!["a"]));
+        assert_eq!(covered(&mut r, "b"), [1, 2, 0]);
+        assert_eq!(covered(&mut r, "c"), [2, 3, 4, 5, 0, 1]);
+    }
+
     /// Two workers claim chunks one after the other before either
     /// completes: no chunk is given twice to a query, and a query is
     /// answered only once all its claims completed, whatever their order.

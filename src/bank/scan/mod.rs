@@ -502,7 +502,7 @@ impl Bank {
         for block in queries.chunks(self.pass_queries()) {
             let refs: Vec<&[f32]> = block.iter().map(|q| q.aligned.refs()[0]).collect();
             let span = Span {
-                base: vec![rows.start..split],
+                base: std::iter::once(rows.start..split).collect(),
                 overlay: split..rows.end,
                 visible,
             };
