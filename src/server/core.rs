@@ -319,12 +319,15 @@ impl Core {
             Step::Again => return true,
             Step::Stop => return false,
         };
-        self.shared.metrics.query_batch(claim.queries.len());
+        if claim.chunk == 0 {
+            self.shared.metrics.query_pass();
+        }
         let scored = score_claim(&bank, &claim);
         let finished = self.queries.complete(tree, &claim, |i, answer| match &scored[i] {
             Ok(ranked) => ranked.iter().for_each(|c| answer.top.push(*c)),
             Err(e) => answer.error = Some(e.clone()),
         });
+        self.shared.metrics.queries_scored(finished.len());
         for done in finished {
             let result = match done.error {
                 Some(e) => Err(e),

@@ -31,7 +31,6 @@ struct Joined<P, S> {
 
 /// One chunk a worker scores, with the queries that need it.
 pub(super) struct Claim<P> {
-    #[cfg_attr(not(test), expect(dead_code, reason = "the tests check which chunk a claim is"))]
     pub chunk: u32,
     /// Each query with its id, its rows of the chunk and its limit.
     pub queries: Vec<(u64, Arc<P>, Range<u32>, u32)>,
