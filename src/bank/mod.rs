@@ -29,7 +29,7 @@ pub use error::BankError;
 pub use load::BatchResult;
 pub use mutate::{Attach, Change, ChangeAck, ConsolidateAck, HitAck, ImportedState, InsertAck, NewNode, PendingIds};
 pub use open::{BankConfig, OpenOptions};
-pub use scan::{Match, QueryOptions, dot};
+pub use scan::{Match, PreparedQuery, QueryOptions, dot};
 pub use stats::{Stats, TreeStats};
 pub use verify::{Problem, VerifyReport};
 

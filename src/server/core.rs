@@ -14,17 +14,18 @@ use std::path::Path;
 use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
-use std::time::Instant;
 
 use axum::http::StatusCode;
 use tokio::sync::{oneshot, watch};
 
-use super::batcher::{Batcher, Next, QueryJob};
+use super::batcher::{Answer, Batcher, QueryJob, Role, Step};
 use super::body::{ConsolidateReply, HitReply, InsertReply, QueryReply};
 use super::commit::{Unsynced, checkpoint_beside_queries, writer_loop};
 use super::error::{ApiError, ApiResult};
 use super::metrics::Metrics;
-use crate::bank::{Bank, BankError, NewNode, NodeRef, OpenOptions, QueryOptions, SyncPolicy};
+use super::rotation::Claim;
+use crate::bank::{Bank, BankError, NewNode, NodeRef, OpenOptions, PreparedQuery, QueryOptions, SyncPolicy};
+use crate::tree::{Candidate, TopK};
 
 /// Writes waiting for the writer thread; a full queue answers 503.
 const WRITE_QUEUE_LEN: usize = 4096;
@@ -77,6 +78,9 @@ pub struct Core {
     writes: Mutex<Option<SyncSender<WriteJob>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     queries: Batcher,
+    /// Threads a query may use: the bank's scan split, and the workers of
+    /// a circular scan.
+    threads: usize,
     read_only: bool,
     /// The bank's dimension, fixed at its creation: request checks read it
     /// here rather than wait for the bank's lock while a round is applied.
@@ -100,7 +104,16 @@ impl Core {
     /// Serves an open bank (a writer opened with `SyncPolicy::None`, or a
     /// reader): starts the writer thread, which from then on also runs the
     /// bank's checkpoints (`commit::checkpoint_beside_queries`).
-    pub fn serve(mut bank: Bank, policy: SyncPolicy, threads: usize) -> Result<Arc<Core>, BankError> {
+    pub fn serve(bank: Bank, policy: SyncPolicy, threads: usize) -> Result<Arc<Core>, BankError> {
+        Core::serve_with(bank, policy, threads, Batcher::default())
+    }
+
+    fn serve_with(
+        mut bank: Bank,
+        policy: SyncPolicy,
+        threads: usize,
+        queries: Batcher,
+    ) -> Result<Arc<Core>, BankError> {
         let read_only = bank.sync_policy().is_none();
         let dim = bank.dim_count();
         bank.set_query_threads(threads);
@@ -126,7 +139,8 @@ impl Core {
             shared,
             writes: Mutex::new(Some(tx)),
             writer: Mutex::new(Some(writer)),
-            queries: Batcher::default(),
+            queries,
+            threads: threads.max(1),
             read_only,
             dim,
         }))
@@ -196,8 +210,8 @@ impl Core {
     }
 
     /// One query, scored together with whatever other queries on the same
-    /// tree wait for a pass (`batcher`). The embedding must have been
-    /// checked (`check_embedding`).
+    /// tree are waiting or being scored (`batcher`). The embedding must
+    /// have been checked (`check_embedding`).
     pub async fn query(
         self: &Arc<Self>,
         tree: &str,
@@ -213,39 +227,37 @@ impl Core {
             options,
             reply,
         };
-        if self.queries.enqueue(tree, job) {
-            blocking_here(|| self.lead(tree));
+        match self.queries.enqueue(tree, job, self.threads) {
+            Role::Lead => blocking_here(|| self.lead(tree)),
+            Role::Spawn => self.spawn_workers(tree, 1),
+            Role::Wait => {}
         }
         rx.await
             .map_err(|_| ApiError::unavailable("the query runner stopped"))?
     }
 
     /// Runs one pass on the calling thread with every query waiting (its
-    /// own among them), then hands what queued meanwhile to a runner.
+    /// own among them), then starts the circular scan for those that
+    /// arrived meanwhile.
     fn lead(self: &Arc<Self>, tree: &str) {
-        let jobs = self.queries.take_now(tree);
-        if self.pass(tree, jobs) {
-            let core = self.clone();
-            let tree = tree.to_string();
-            tokio::task::spawn_blocking(move || core.run_queries(&tree));
-        }
+        let jobs = self.queries.take_waiting(tree);
+        self.pass(tree, jobs);
+        let workers = self.queries.end_lead(tree, self.threads);
+        self.spawn_workers(tree, workers);
     }
 
-    /// The runner: passes over the tree until no query comes.
-    fn run_queries(&self, tree: &str) {
-        while let Next::Pass(jobs) = self.queries.take_convoy(tree) {
-            if !self.pass(tree, jobs) {
-                return;
-            }
+    fn spawn_workers(self: &Arc<Self>, tree: &str, count: usize) {
+        for _ in 0..count {
+            let core = self.clone();
+            let tree = tree.to_string();
+            tokio::task::spawn_blocking(move || core.run_rotation(&tree));
         }
     }
 
     /// Scores `jobs` (grouped by options, one pass per group) and answers
-    /// them; true when more queries wait (see `Batcher::finish`).
-    fn pass(&self, tree: &str, jobs: Vec<QueryJob>) -> bool {
-        let started = Instant::now();
-        let count = jobs.len();
-        self.shared.metrics.query_batch(count);
+    /// them.
+    fn pass(&self, tree: &str, jobs: Vec<QueryJob>) {
+        self.shared.metrics.query_batch(jobs.len());
         let mut groups: BTreeMap<OptionsKey, Vec<QueryJob>> = BTreeMap::new();
         for job in jobs {
             groups.entry(OptionsKey::of(&job.options)).or_default().push(job);
@@ -253,7 +265,6 @@ impl Core {
         for (_, group) in groups {
             self.answer_group(tree, group);
         }
-        self.queries.finish(tree, count, started.elapsed())
     }
 
     fn answer_group(&self, tree: &str, group: Vec<QueryJob>) {
@@ -285,6 +296,79 @@ impl Core {
         }
     }
 
+    /// A circular-scan worker (`batcher`, `rotation`): until nothing is
+    /// left to claim, takes the queries that arrived, claims the next
+    /// chunk, scores it and answers the queries it completes. The bank's
+    /// read lock is held for one chunk at a time, so writes go in between.
+    fn run_rotation(&self, tree: &str) {
+        while self.rotation_step(tree) {}
+    }
+
+    /// One chunk of a circular-scan worker; false once the worker ends.
+    fn rotation_step(&self, tree: &str) -> bool {
+        let bank = match self.read() {
+            Ok(bank) => bank,
+            Err(e) => {
+                self.fail_rotation(tree, &e);
+                return false;
+            }
+        };
+        let joining = self.prepare(&bank, tree, self.queries.take_waiting(tree));
+        let claim = match self.queries.join_and_claim(tree, joining, bank.node_count()) {
+            Step::Scan(claim) => claim,
+            Step::Again => return true,
+            Step::Stop => return false,
+        };
+        if claim.chunk == 0 {
+            self.shared.metrics.query_pass();
+        }
+        let scored = score_claim(&bank, &claim);
+        let finished = self.queries.complete(tree, &claim, |i, answer| match &scored[i] {
+            Ok(ranked) => ranked.iter().for_each(|c| answer.top.push(*c)),
+            Err(e) => answer.error = Some(e.clone()),
+        });
+        self.shared.metrics.queries_scored(finished.len());
+        for done in finished {
+            let result = match done.error {
+                Some(e) => Err(e),
+                None => bank
+                    .matches(&done.top.into_sorted())
+                    .map_err(|e| ApiError::from_bank(e, "embedding"))
+                    .and_then(|m| answer(&bank, m)),
+            };
+            let _ = done.reply.send(result);
+        }
+        true
+    }
+
+    /// Checks and normalises arriving queries for the rotation; a query
+    /// that fails is answered at once.
+    fn prepare(&self, bank: &Bank, tree: &str, jobs: Vec<QueryJob>) -> Vec<(PreparedQuery, Answer)> {
+        let mut out = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            match bank.prepare_query(tree, &job.embedding, &job.options) {
+                Ok(prepared) => out.push((
+                    prepared,
+                    Answer {
+                        top: TopK::new(job.options.k),
+                        error: None,
+                        reply: job.reply,
+                    },
+                )),
+                Err(e) => drop(job.reply.send(Err(ApiError::from_bank(e, "embedding")))),
+            }
+        }
+        out
+    }
+
+    /// A worker that cannot read the bank (its lock is poisoned) answers
+    /// every query of the tree with the error and ends.
+    fn fail_rotation(&self, tree: &str, e: &ApiError) {
+        let (waiting, active) = self.queries.abandon(tree);
+        waiting.into_iter().for_each(|j| drop(j.reply.send(Err(e.clone()))));
+        active.into_iter().for_each(|a| drop(a.reply.send(Err(e.clone()))));
+    }
+
     /// Stops taking writes, lets the writer finish what is queued, then
     /// checkpoints (so a restart replays nothing).
     pub fn shutdown(&self) -> Result<(), BankError> {
@@ -300,11 +384,85 @@ impl Core {
         checkpoint_beside_queries(&self.shared)
     }
 
+    /// Serves `bank` with circular scans of `chunk_rows` rows per chunk.
+    #[cfg(test)]
+    pub(super) fn serve_chunked(bank: Bank, threads: usize, chunk_rows: u32) -> Arc<Core> {
+        Core::serve_with(bank, SyncPolicy::Always, threads, Batcher::new(chunk_rows)).unwrap()
+    }
+
+    /// Queues queries on `tree` as if a pass were running (none leads),
+    /// and starts the circular scan's state without a worker thread: the
+    /// test runs the workers' steps (`step_rotation`).
+    #[cfg(test)]
+    pub(super) fn queue_for_rotation(
+        &self,
+        tree: &str,
+        queries: Vec<(Vec<f32>, QueryOptions)>,
+    ) -> Vec<oneshot::Receiver<ApiResult<QueryReply>>> {
+        let mut out = Vec::new();
+        for (embedding, options) in queries {
+            let (reply, rx) = oneshot::channel();
+            let role = self.queries.enqueue(
+                tree,
+                QueryJob {
+                    embedding,
+                    options,
+                    reply,
+                },
+                1,
+            );
+            if role == Role::Lead {
+                // The leader's own query rejoins the queue.
+                let jobs = self.queries.take_waiting(tree);
+                assert_eq!(self.queries.end_lead(tree, 1), 0);
+                self.queries.force_worker(tree, jobs);
+            }
+            out.push(rx);
+        }
+        out
+    }
+
+    /// One step of a circular-scan worker (see `queue_for_rotation`).
+    #[cfg(test)]
+    pub(super) fn step_rotation(&self, tree: &str) -> bool {
+        self.rotation_step(tree)
+    }
+
     /// The bank's lock, for tests that check who holds it.
     #[cfg(test)]
     pub(super) fn lock(&self) -> &RwLock<Bank> {
         &self.shared.bank
     }
+}
+
+/// Scores a claimed chunk: its queries grouped by options and rows, one
+/// `scan_rows` call per group; one result per query of the claim. Queries
+/// of a group may have joined at different node counts; the group is
+/// scanned seeing the largest, which shows each of them the same rows
+/// unless a consolidation into a root between the smallest and the
+/// largest is in force: then each count is scanned apart.
+fn score_claim(bank: &Bank, claim: &Claim<PreparedQuery>) -> Vec<ApiResult<Vec<Candidate>>> {
+    let limits = claim.queries.iter().map(|q| q.3);
+    let (lo, hi) = (limits.clone().min().unwrap_or(0), limits.max().unwrap_or(0));
+    let apart = (lo..hi).any(|i| bank.row(i).map_or(true, |r| r.is_consolidated_root()));
+    let mut groups: BTreeMap<(OptionsKey, u32, u32, u32), Vec<usize>> = BTreeMap::new();
+    for (i, (_, query, rows, limit)) in claim.queries.iter().enumerate() {
+        let visible = if apart { *limit } else { hi };
+        let key = (OptionsKey::of(query.options()), rows.start, rows.end, visible);
+        groups.entry(key).or_default().push(i);
+    }
+    let mut out = vec![Ok(Vec::new()); claim.queries.len()];
+    for ((_, start, end, visible), members) in groups {
+        let refs: Vec<&PreparedQuery> = members.iter().map(|&i| &*claim.queries[i].1).collect();
+        match bank.scan_rows(&refs, start..end, visible) {
+            Ok(lists) => members.into_iter().zip(lists).for_each(|(i, l)| out[i] = Ok(l)),
+            Err(e) => {
+                let e = ApiError::from_bank(e, "embedding");
+                members.into_iter().for_each(|i| out[i] = Err(e.clone()));
+            }
+        }
+    }
+    out
 }
 
 pub(super) fn answer(bank: &Bank, matches: Vec<crate::bank::Match>) -> ApiResult<QueryReply> {

@@ -70,8 +70,20 @@ impl Metrics {
         self.writes.fetch_add(writes as u64, Ordering::Relaxed);
     }
 
+    /// A pass scored `queries` together.
     pub fn query_batch(&self, queries: usize) {
+        self.query_pass();
+        self.queries_scored(queries);
+    }
+
+    /// A pass over the column began: a lone pass, or a rotation of the
+    /// circular scan (at its first chunk).
+    pub fn query_pass(&self) {
         self.query_batches.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Queries answered.
+    pub fn queries_scored(&self, queries: usize) {
         self.queries.fetch_add(queries as u64, Ordering::Relaxed);
     }
 
@@ -113,7 +125,7 @@ impl Metrics {
         counter(
             &mut out,
             "deltamem_query_batches_total",
-            "Passes scoring queued queries together.",
+            "Passes over the column scoring queued queries together (a lone pass, or a rotation of the circular scan).",
             &self.query_batches,
         );
         counter(

@@ -16,6 +16,7 @@ mod http;
 pub mod mcp;
 mod metrics;
 pub mod openapi;
+mod rotation;
 mod routes;
 #[cfg(test)]
 mod tests;

@@ -175,3 +175,71 @@ fn queries_run_while_the_automatic_checkpoint_writes() {
         (acked, acked)
     );
 }
+
+/// The circular scan answers what `Bank::query` answers: a bank with
+/// checkpointed and overlay rows over several segments (50 rows each),
+/// failures and a consolidation, scanned in chunks of 64 rows (cut across
+/// segments and the overlay) by queries with different options, a second
+/// set joining after three chunks (so it starts mid-rotation and wraps).
+#[test]
+fn the_circular_scan_answers_what_query_answers() {
+    use crate::bank::{OpenOptions, QueryOptions};
+    use crate::storage::sim::Rng;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = BankConfig::new(8);
+    config.rows_per_segment = Some(50);
+    Bank::create_dir(dir.path(), config).unwrap().close().unwrap();
+    let options = OpenOptions {
+        sync: SyncPolicy::None,
+        ..OpenOptions::default()
+    };
+    let mut bank = Bank::open_dir(dir.path(), options).unwrap();
+    let mut rng = Rng(5);
+    let vector = |rng: &mut Rng| (0..8).map(|_| rng.next_f32() - 0.5).collect::<Vec<f32>>();
+    for i in 0..420 {
+        let mut n = node(i);
+        n.embedding = vector(&mut rng);
+        n.label = if i % 3 == 0 { Label::Failure } else { Label::Success };
+        if i % 4 == 1 {
+            n.attach = Attach::Parent(crate::bank::NodeRef::Index(i as u32 - 1));
+        }
+        bank.insert(n).unwrap();
+        if i == 300 {
+            bank.checkpoint().unwrap();
+        }
+    }
+    bank.consolidate(5, BTreeMap::new()).unwrap();
+    let mut queries = Vec::new();
+    for i in 0..12 {
+        let options = QueryOptions {
+            k: [1, 4, 10][i % 3],
+            tau: Some(-1.0),
+            eps: [None, Some(0.3)][i % 2],
+            include_consolidated: i % 5 == 0,
+        };
+        queries.push((vector(&mut rng), options));
+    }
+    let want: Vec<_> = queries
+        .iter()
+        .map(|(e, o)| crate::api::QueryReply::new(&bank, bank.query("task", e, o).unwrap()).unwrap())
+        .collect();
+    let core = Core::serve_chunked(bank, 1, 64);
+    let mut replies = core.queue_for_rotation("task", queries[..6].to_vec());
+    for _ in 0..3 {
+        assert!(core.step_rotation("task"));
+    }
+    replies.extend(core.queue_for_rotation("task", queries[6..].to_vec()));
+    let mut steps = 3;
+    while core.step_rotation("task") {
+        steps += 1;
+        assert!(steps < 100, "the rotation never ends");
+    }
+    // 421 nodes: 7 chunks; the second set joined at chunk 3 and ends after
+    // chunk 2, one rotation later.
+    assert_eq!(steps, 3 + 7);
+    for (i, (mut rx, want)) in replies.into_iter().zip(want).enumerate() {
+        let got = rx.try_recv().expect("answered").unwrap();
+        assert_eq!(got, want, "query {i}");
+    }
+    core.shutdown().unwrap();
+}

@@ -82,6 +82,29 @@ pub struct Match {
     pub chain: Vec<u32>,
 }
 
+/// A query checked and normalised for `Bank::scan_rows`.
+#[derive(Debug, Clone)]
+pub struct PreparedQuery {
+    tree: u16,
+    options: QueryOptions,
+    /// The normalised embedding, on a 64-byte boundary.
+    aligned: kernels::AlignedQueries,
+}
+
+impl PreparedQuery {
+    pub fn options(&self) -> &QueryOptions {
+        &self.options
+    }
+}
+
+/// The rows one scan reads: checkpointed ranges (one thread each), a
+/// range of overlay indices, and the node count the scan sees.
+struct Span {
+    base: Vec<Range<u32>>,
+    overlay: Range<u32>,
+    visible: u32,
+}
+
 /// Rows the filters and a kernel call take at a time: small enough that
 /// the slot list, penalties and scores stay in L1, large enough that the
 /// per-chunk overhead vanishes.
@@ -402,19 +425,88 @@ impl Bank {
         let refs = aligned.refs();
         let mut out = Vec::with_capacity(queries.len());
         for ranked in self.scan_block(tree, &refs, options)? {
-            let mut matches = Vec::with_capacity(ranked.len());
-            for c in ranked {
-                let row = self.row(c.index)?;
-                matches.push(Match {
-                    id: c.index,
-                    score: c.score,
-                    depth: c.depth,
-                    node_type: row.node_type,
-                    label: row.label,
-                    chain: self.chain(c.index)?,
-                });
-            }
-            out.push(matches);
+            out.push(self.matches(&ranked)?);
+        }
+        Ok(out)
+    }
+
+    /// The matches, with their chains, of ranked candidates (from
+    /// `scan_rows`, merged).
+    pub fn matches(&self, ranked: &[Candidate]) -> Result<Vec<Match>, BankError> {
+        let mut matches = Vec::with_capacity(ranked.len());
+        for c in ranked {
+            let row = self.row(c.index)?;
+            matches.push(Match {
+                id: c.index,
+                score: c.score,
+                depth: c.depth,
+                node_type: row.node_type,
+                label: row.label,
+                chain: self.chain(c.index)?,
+            });
+        }
+        Ok(matches)
+    }
+
+    /// Checks and normalises a query for `scan_rows`.
+    pub fn prepare_query(
+        &self,
+        tree_name: &str,
+        embedding: &[f32],
+        options: &QueryOptions,
+    ) -> Result<PreparedQuery, BankError> {
+        let tree = self.tree_index(tree_name)?;
+        let query = normalise(embedding, self.manifest.dim_count)?;
+        options.validate()?;
+        Ok(PreparedQuery {
+            tree,
+            options: options.clone(),
+            aligned: kernels::AlignedQueries::new(&[query], self.manifest.dim_count as usize),
+        })
+    }
+
+    /// A scan taken a row range at a time (the server's circular scan):
+    /// for each query, its best `k` candidates among the rows `rows`, on
+    /// the calling thread, as `query` would rank them with the bank as it
+    /// is now, seen by a handle that holds only the first `visible` nodes
+    /// (rows at or past it are not scanned, and a consolidation into a
+    /// root at or past it is not in force). Merging (`TopK`) the lists of
+    /// ranges that cover `0..visible` once each, made with no write in
+    /// between, and keeping the best `k`, gives the answer of `query`
+    /// (the ranking is a total order); with writes in between, each range
+    /// shows the bank as it was when scanned. Row indices never change
+    /// (a checkpoint moves rows from the overlay into the column under
+    /// the same index; compact rewrites every row at its index), so a
+    /// candidate stays the same node. Every query must have the same tree
+    /// and options.
+    pub fn scan_rows(
+        &self,
+        queries: &[&PreparedQuery],
+        rows: Range<u32>,
+        visible: u32,
+    ) -> Result<Vec<Vec<Candidate>>, BankError> {
+        let Some(first) = queries.first() else {
+            return Ok(Vec::new());
+        };
+        assert!(
+            queries
+                .iter()
+                .all(|q| q.tree == first.tree && q.options == first.options),
+            "one scan_rows call scores queries of one tree and options"
+        );
+        let visible = visible.min(self.node_count());
+        let start = rows.start.min(visible);
+        let rows = start..rows.end.clamp(start, visible);
+        let split = self.base.node_count.clamp(rows.start, rows.end);
+        let mut out = Vec::with_capacity(queries.len());
+        for block in queries.chunks(self.pass_queries()) {
+            let refs: Vec<&[f32]> = block.iter().map(|q| q.aligned.refs()[0]).collect();
+            let span = Span {
+                base: std::iter::once(rows.start..split).collect(),
+                overlay: split..rows.end,
+                visible,
+            };
+            out.extend(self.scan_span(first.tree, &refs, &first.options, &span)?);
         }
         Ok(out)
     }
@@ -433,12 +525,31 @@ impl Bank {
     }
 
     /// The ranked candidates of one tree for each of up to `pass_queries`
-    /// normalised queries, in one pass over the column.
+    /// normalised queries, in one pass over the column, the checkpointed
+    /// rows split across the query threads.
     fn scan_block(
         &self,
         tree: u16,
         queries: &[&[f32]],
         options: &QueryOptions,
+    ) -> Result<Vec<Vec<Candidate>>, BankError> {
+        let span = Span {
+            base: split_rows(self.base.node_count, self.query_threads),
+            overlay: self.base.node_count..self.node_count(),
+            visible: self.node_count(),
+        };
+        let ranges = span.base.clone();
+        with_tables_ahead(&self.base, &ranges, || self.scan_span(tree, queries, options, &span))
+    }
+
+    /// The ranked candidates of `span` for up to `pass_queries` normalised
+    /// queries.
+    fn scan_span(
+        &self,
+        tree: u16,
+        queries: &[&[f32]],
+        options: &QueryOptions,
+        span: &Span,
     ) -> Result<Vec<Vec<Candidate>>, BankError> {
         // Checkpointed rows consolidated since the checkpoint still carry
         // the old flag in the mapping. Flags only ever get set, so asking
@@ -450,7 +561,7 @@ impl Bank {
             self.overlay
                 .patched
                 .values()
-                .filter(|r| r.is_consolidated())
+                .filter(|r| r.is_consolidated() && super::consolidation_in_force(r.link, span.visible))
                 .map(|r| r.index)
                 .collect()
         };
@@ -459,16 +570,16 @@ impl Bank {
             tau: options.tau.unwrap_or(self.manifest.trees[usize::from(tree)].tau),
             eps: options.eps.unwrap_or(self.manifest.eps),
             include_consolidated: options.include_consolidated,
-            visible_count: self.node_count(),
+            visible_count: span.visible,
             fetch: options.k.saturating_add(hidden.len()),
             level: Level::active(),
         };
-        let ranges = split_rows(self.base.node_count, self.query_threads);
-        let mut tops = with_tables_ahead(&self.base, &ranges, || match self.base.precision {
-            Precision::Int8 => int8::scan_base(&self.base, &params, queries, &ranges),
-            Precision::F32 | Precision::F16 => exact::scan_base(&self.base, &params, queries, &ranges),
-        })?;
-        self.scan_overlay(queries, &params, &mut tops);
+        let ranges: Vec<Range<u32>> = span.base.iter().filter(|r| !r.is_empty()).cloned().collect();
+        let mut tops = match self.base.precision {
+            Precision::Int8 => int8::scan_base(&self.base, &params, queries, &ranges)?,
+            Precision::F32 | Precision::F16 => exact::scan_base(&self.base, &params, queries, &ranges)?,
+        };
+        self.scan_overlay(queries, &params, span.overlay.clone(), &mut tops);
         let mut out = Vec::with_capacity(tops.len());
         for top in tops {
             let mut ranked: Vec<Candidate> = top
@@ -482,18 +593,24 @@ impl Bank {
         Ok(out)
     }
 
-    /// The overlay's new nodes, scored exactly in f32 (in an f16 bank their
-    /// vectors already hold f16 values, so they score as after a
-    /// checkpoint).
-    fn scan_overlay(&self, queries: &[&[f32]], p: &ScanParams, tops: &mut [TopK]) {
+    /// The overlay's new nodes with indices in `indices`, scored exactly
+    /// in f32 (in an f16 bank their vectors already hold f16 values, so
+    /// they score as after a checkpoint).
+    fn scan_overlay(&self, queries: &[&[f32]], p: &ScanParams, indices: Range<u32>, tops: &mut [TopK]) {
         let dim = self.manifest.dim_count as usize;
+        let from = indices.start.saturating_sub(self.overlay.base_count) as usize;
+        let to = (indices.end.saturating_sub(self.overlay.base_count) as usize).min(self.overlay.rows.len());
         let mut slots = Vec::with_capacity(CHUNK_ROWS);
         let mut scores = vec![0.0f32; CHUNK_ROWS * queries.len()];
-        for (chunk_at, chunk) in self.overlay.rows.chunks(CHUNK_ROWS).enumerate() {
+        for chunk_at in (from..to).step_by(CHUNK_ROWS) {
             slots.clear();
-            for (i, row) in chunk.iter().enumerate() {
-                if row.tree == p.tree && (p.include_consolidated || !row.is_consolidated()) {
-                    slots.push((chunk_at * CHUNK_ROWS + i) as u32);
+            for (i, row) in self.overlay.rows[chunk_at..to.min(chunk_at + CHUNK_ROWS)]
+                .iter()
+                .enumerate()
+            {
+                let hidden = row.is_consolidated() && super::consolidation_in_force(row.link, p.visible_count);
+                if row.tree == p.tree && (p.include_consolidated || !hidden) {
+                    slots.push((chunk_at + i) as u32);
                 }
             }
             let rows = Rows {
