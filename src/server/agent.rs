@@ -79,6 +79,7 @@ pub struct TextQueryParams {
     pub text: String,
     /// How many matches to return (default 1, at most 100).
     #[serde(default)]
+    #[schemars(range(min = 1, max = 100))]
     pub k: Option<u32>,
 }
 
@@ -245,6 +246,7 @@ pub fn record_with<M: Memory>(memory: &M, episode: &Episode, profile_name: Optio
 
 /// Embeds `text` as a query and searches one tree (blocking).
 pub fn query_text_with<M: Memory>(memory: &M, params: TextQueryParams) -> ApiResult<QueryReply> {
+    let options = super::mcp::tool_options(params.k)?;
     let mut model = SharedEmbedder(embedder()?);
     let vector = model
         .embed(&params.text, TextRole::Query)
@@ -257,7 +259,7 @@ pub fn query_text_with<M: Memory>(memory: &M, params: TextQueryParams) -> ApiRes
             vector.len()
         )));
     }
-    memory.query(&params.tree, vector, super::mcp::tool_options(params.k))
+    memory.query(&params.tree, vector, options)
 }
 
 pub async fn retrieve(

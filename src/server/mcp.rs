@@ -147,8 +147,9 @@ pub struct QueryParams {
     pub tree: String,
     /// Query vector with the bank's dimension.
     pub embedding: Vec<f32>,
-    /// How many matches to return (default 1).
+    /// How many matches to return (default 1, at most 100).
     #[serde(default)]
+    #[schemars(range(min = 1, max = 100))]
     pub k: Option<u32>,
 }
 
@@ -185,12 +186,22 @@ fn reply<T: Serialize>(result: ApiResult<T>) -> Result<CallToolResult, rmcp::Err
     })
 }
 
-/// Query options of a tool call: `k` matches, 1 by default, at most 100.
-pub(super) fn tool_options(k: Option<u32>) -> QueryOptions {
-    QueryOptions {
-        k: k.unwrap_or(1).clamp(1, 100) as usize,
-        ..QueryOptions::default()
+/// The most matches one tool call returns: an agent's prompt holds a few
+/// chains, not pages of them.
+pub(super) const TOOL_K_MAX: u32 = 100;
+
+/// Query options of a tool call: `k` matches, 1 by default. A `k` out of
+/// 1..=`TOOL_K_MAX` is refused by name, not silently clamped: the caller
+/// would otherwise get fewer matches than it asked for without knowing.
+pub(super) fn tool_options(k: Option<u32>) -> ApiResult<QueryOptions> {
+    let k = k.unwrap_or(1);
+    if !(1..=TOOL_K_MAX).contains(&k) {
+        return Err(ApiError::bad_field("k", format!("must be 1..={TOOL_K_MAX}, got {k}")));
     }
+    Ok(QueryOptions {
+        k: k as usize,
+        ..QueryOptions::default()
+    })
 }
 
 impl<M: Memory> MemoryTools<M> {
@@ -232,7 +243,7 @@ impl<M: Memory> MemoryTools<M> {
         self.run(move |m| {
             let dim = m.read(|b| Ok(b.dim_count()))?;
             check_embedding(&p.embedding, dim, "embedding")?;
-            m.query(&p.tree, p.embedding, tool_options(p.k))
+            m.query(&p.tree, p.embedding, tool_options(p.k)?)
         })
         .await
     }

@@ -132,6 +132,11 @@ async def exercise(session):
     assert not err and stats["nodes"] == 2, stats
     err, message = await call(session, "query_memory", {"tree": "task", "embedding": [1, 2]})
     assert err and "dimensions" in message, message
+    # k past the tools' limit is refused by name, not clamped (which would
+    # return fewer matches than asked without saying so); the schema says it.
+    assert tools["query_memory"].inputSchema["properties"]["k"]["maximum"] == 100
+    err, message = await call(session, "query_memory", {"tree": "task", "embedding": near, "k": 101})
+    assert err and "(field k)" in message and "1..=100, got 101" in message, message
     err, message = await call(session, "show_chain", {"id": 99})
     assert err and "unknown node" in message, message
 
