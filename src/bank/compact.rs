@@ -228,79 +228,124 @@ impl Bank {
     /// as stored: each segment's vectors in one read, each vector checked
     /// against its row's CRC before it is kept, payload records read back
     /// to back in large reads and checked; only overlay nodes (and int8
-    /// side rows) are encoded. Memory: one segment's columns and an 8 MiB
-    /// payload buffer, whatever the bank's size.
+    /// side rows) are encoded. Two stages on two threads: this one builds
+    /// segment columns and payload chunks (reads and checks), a writer
+    /// thread writes them, in the order built, so the file operations form
+    /// the same sequence every run (the crash simulator numbers them).
+    /// Memory: two segments' columns and 8 MiB payload chunks, whatever
+    /// the bank's size.
     fn write_generation(&self, target: &dyn Storage, generation: u32, copy: CopyKind) -> Result<Written, BankError> {
-        let rows_per_segment = self.manifest.rows_per_segment;
         let payload_name = payload_file(generation);
         let payloads = create_file(target, &payload_name, 0, OpenMode::Create)?;
-        let mut out = Written {
-            payload_end_bytes: 0,
-            bytes_written: 0,
-        };
-        let mut pending: Vec<u8> = Vec::new();
-        let mut written = Vec::new();
-        let mut columns = SegmentColumns::new(&self.manifest);
+        std::thread::scope(|scope| {
+            let (jobs, job_rx) = std::sync::mpsc::sync_channel(1);
+            let (free_tx, free) = std::sync::mpsc::channel();
+            let writer = GenerationWriter {
+                target,
+                generation,
+                copy,
+                payload_name: &payload_name,
+                payloads: payloads.as_ref(),
+            };
+            let written = scope.spawn(move || writer.run(job_rx, free_tx));
+            let built = self.build_generation(copy, &jobs, &free);
+            drop(jobs); // the writer then finishes and syncs
+            let written = written.join().expect("the generation writer does not panic");
+            // A damaged source is the cause to report; a failed write makes
+            // the builder stop with nothing to say.
+            let payload_end_bytes = built?;
+            let written = written?;
+            assert_eq!(
+                written.payload_end_bytes, payload_end_bytes,
+                "every payload chunk written"
+            );
+            Ok(written)
+        })
+    }
+
+    /// The building stage of `write_generation`: sends each segment's
+    /// columns and each payload chunk to the writer, in order; returns the
+    /// payload bytes sent. Stops early (Ok) when the writer has stopped.
+    fn build_generation(
+        &self,
+        copy: CopyKind,
+        jobs: &std::sync::mpsc::SyncSender<WriteJob>,
+        free: &std::sync::mpsc::Receiver<SegmentColumns>,
+    ) -> Result<u64, BankError> {
+        let rows_per_segment = self.manifest.rows_per_segment;
+        let mut chunks = PayloadChunks::default();
+        let mut spare = Some(SegmentColumns::new(&self.manifest));
         for segment in 0..self.node_count().div_ceil(rows_per_segment) {
+            // Two sets of columns: one written while the other is built.
+            let mut columns = match spare.take() {
+                Some(c) => c,
+                None if segment == 1 => SegmentColumns::new(&self.manifest),
+                None => match free.recv() {
+                    Ok(c) => c,
+                    Err(_) => return Ok(chunks.sent_bytes), // the writer stopped
+                },
+            };
             let first = segment * rows_per_segment;
             let last = (first + rows_per_segment).min(self.node_count());
-            let rows = (first..last).map(|i| self.row(i)).collect::<Result<Vec<_>, _>>()?;
-            let (stored, fresh) = rows.split_at((self.base.node_count.clamp(first, last) - first) as usize);
-            columns.start(rows.len());
-            let source = match stored.is_empty() {
-                true => None,
-                false => Some(
-                    self.base
-                        .read_vectors(segment, columns.stored_vectors_mut(stored.len()))?,
-                ),
-            };
-            self.base.for_each_payload_record(stored, |row, record| {
-                let record = self.checked_record(row, record?)?;
-                let slot = (row.index - first) as usize;
-                self.base
-                    .check_vector_crc(row.index, row.vector_crc32, columns.stored_vector(slot))?;
-                let mut row = row.clone();
-                row.payload_offset_bytes = out.payload_end_bytes + pending.len() as u64;
-                pending.extend_from_slice(record);
-                columns.put_stored(slot, &row, self.manifest.version);
-                if pending.len() >= PAYLOAD_CHUNK_BYTES {
-                    flush(payloads.as_ref(), target, &payload_name, &mut pending, &mut out)?;
-                }
-                Ok(())
-            })?;
-            for row in fresh {
-                let mut row = row.clone();
-                let record = self.overlay.payload_record(row.index);
-                self.checked_record(&row, record)?;
-                row.payload_offset_bytes = out.payload_end_bytes + pending.len() as u64;
-                pending.extend_from_slice(record);
-                columns.put((row.index - first) as usize, &row, self.overlay.vector(row.index));
-                if pending.len() >= PAYLOAD_CHUNK_BYTES {
-                    flush(payloads.as_ref(), target, &payload_name, &mut pending, &mut out)?;
-                }
+            if !self.build_segment(copy, segment, first..last, &mut columns, &mut chunks, jobs)? {
+                return Ok(chunks.sent_bytes);
             }
-            out.bytes_written += columns.write(target, generation, segment, copy, &mut written)?;
-            if let (CopyKind::Live, Some(source)) = (copy, source) {
-                // The old generation is deleted once the new one is in
-                // place: its copied pages can make room for the new ones.
-                source
-                    .drop_cache(0, self.base.vector_segment_size_bytes())
-                    .map_err(StorageError::io("drop cache", self.storage.describe("")))?;
-            }
-            if written.len() >= MAX_UNSYNCED_FILES {
-                sync_files(target, &written)?;
-                written.clear();
+            if jobs.send(WriteJob::Segment(columns, segment)).is_err() {
+                return Ok(chunks.sent_bytes);
             }
         }
-        flush(payloads.as_ref(), target, &payload_name, &mut pending, &mut out)?;
-        sync_files(target, &written)?;
-        payloads
-            .sync_data()
-            .map_err(StorageError::io("fsync", target.describe(&payload_name)))?;
-        target
-            .sync_dir()
-            .map_err(StorageError::io("fsync directory", target.describe("")))?;
-        Ok(out)
+        chunks.send_rest(jobs);
+        Ok(chunks.sent_bytes)
+    }
+
+    /// Builds one segment's columns (rows `rows`), sending full payload
+    /// chunks on the way; false when the writer has stopped.
+    fn build_segment(
+        &self,
+        copy: CopyKind,
+        segment: u32,
+        rows: std::ops::Range<u32>,
+        columns: &mut SegmentColumns,
+        chunks: &mut PayloadChunks,
+        jobs: &std::sync::mpsc::SyncSender<WriteJob>,
+    ) -> Result<bool, BankError> {
+        let first = rows.start;
+        let rows = rows.map(|i| self.row(i)).collect::<Result<Vec<_>, _>>()?;
+        let stored_count = (self.base.node_count.clamp(first, first + rows.len() as u32) - first) as usize;
+        let (stored, fresh) = rows.split_at(stored_count);
+        columns.start(rows.len());
+        let source = match stored.is_empty() {
+            true => None,
+            false => Some(
+                self.base
+                    .read_vectors(segment, columns.stored_vectors_mut(stored.len()))?,
+            ),
+        };
+        let mut open = true;
+        self.base.for_each_payload_record(stored, |row, record| {
+            let record = self.checked_record(row, record?)?;
+            let slot = (row.index - first) as usize;
+            self.base
+                .check_vector_crc(row.index, row.vector_crc32, columns.stored_vector(slot))?;
+            let mut row = row.clone();
+            row.payload_offset_bytes = chunks.offset_bytes();
+            columns.put_stored(slot, &row, self.manifest.version);
+            open &= chunks.push(record, jobs);
+            Ok(())
+        })?;
+        for row in fresh {
+            let mut row = row.clone();
+            let record = self.checked_record(&row, self.overlay.payload_record(row.index))?;
+            row.payload_offset_bytes = chunks.offset_bytes();
+            columns.put((row.index - first) as usize, &row, self.overlay.vector(row.index));
+            open &= chunks.push(record, jobs);
+        }
+        if let (CopyKind::Live, Some(source)) = (copy, source) {
+            // The old generation is deleted once the new one is in place:
+            // its copied pages can make room for the new ones. A hint.
+            let _ = source.drop_cache(0, self.base.vector_segment_size_bytes());
+        }
+        Ok(open)
     }
 
     /// A node's payload record, framing and CRC checked.
@@ -524,18 +569,96 @@ fn sync_files(target: &dyn Storage, written: &[(String, Arc<dyn StorageFile>)]) 
     Ok(())
 }
 
-fn flush(
-    file: &dyn StorageFile,
-    target: &dyn Storage,
-    name: &str,
-    pending: &mut Vec<u8>,
-    out: &mut Written,
-) -> Result<(), BankError> {
-    write_bulk_at(file, pending, out.payload_end_bytes).map_err(StorageError::io("write", target.describe(name)))?;
-    out.payload_end_bytes += pending.len() as u64;
-    out.bytes_written += pending.len() as u64;
-    pending.clear();
-    Ok(())
+/// What the building stage hands the writer, in file-operation order.
+enum WriteJob {
+    /// A segment's columns, written whole, then handed back for reuse.
+    Segment(SegmentColumns, u32),
+    /// The next chunk of the payload log.
+    Payload(Vec<u8>),
+}
+
+/// Payload records gathered into chunks of `PAYLOAD_CHUNK_BYTES`.
+#[derive(Default)]
+struct PayloadChunks {
+    pending: Vec<u8>,
+    /// Bytes already sent to the writer.
+    sent_bytes: u64,
+}
+
+impl PayloadChunks {
+    /// Where the next record lands in the new payload log.
+    fn offset_bytes(&self) -> u64 {
+        self.sent_bytes + self.pending.len() as u64
+    }
+
+    /// Adds a record, sending the chunk once full; false when the writer
+    /// has stopped.
+    fn push(&mut self, record: &[u8], jobs: &std::sync::mpsc::SyncSender<WriteJob>) -> bool {
+        self.pending.extend_from_slice(record);
+        self.pending.len() < PAYLOAD_CHUNK_BYTES || self.send_rest(jobs)
+    }
+
+    /// Sends what is gathered; false when the writer has stopped.
+    fn send_rest(&mut self, jobs: &std::sync::mpsc::SyncSender<WriteJob>) -> bool {
+        if self.pending.is_empty() {
+            return true;
+        }
+        let chunk = std::mem::take(&mut self.pending);
+        self.sent_bytes += chunk.len() as u64;
+        jobs.send(WriteJob::Payload(chunk)).is_ok()
+    }
+}
+
+/// The writing stage of `write_generation`.
+struct GenerationWriter<'a> {
+    target: &'a dyn Storage,
+    generation: u32,
+    copy: CopyKind,
+    payload_name: &'a str,
+    payloads: &'a dyn StorageFile,
+}
+
+impl GenerationWriter<'_> {
+    /// Writes every job in order, then fsyncs the files and the directory.
+    /// Stops at the first failure (the builder then sees a closed channel).
+    fn run(
+        self,
+        jobs: std::sync::mpsc::Receiver<WriteJob>,
+        free: std::sync::mpsc::Sender<SegmentColumns>,
+    ) -> Result<Written, BankError> {
+        let target = self.target;
+        let mut out = Written {
+            payload_end_bytes: 0,
+            bytes_written: 0,
+        };
+        let mut written = Vec::new();
+        for job in jobs {
+            match job {
+                WriteJob::Payload(chunk) => {
+                    write_bulk_at(self.payloads, &chunk, out.payload_end_bytes)
+                        .map_err(StorageError::io("write", target.describe(self.payload_name)))?;
+                    out.payload_end_bytes += chunk.len() as u64;
+                    out.bytes_written += chunk.len() as u64;
+                }
+                WriteJob::Segment(columns, segment) => {
+                    out.bytes_written += columns.write(target, self.generation, segment, self.copy, &mut written)?;
+                    let _ = free.send(columns); // the builder may be done
+                    if written.len() >= MAX_UNSYNCED_FILES {
+                        sync_files(target, &written)?;
+                        written.clear();
+                    }
+                }
+            }
+        }
+        sync_files(target, &written)?;
+        self.payloads
+            .sync_data()
+            .map_err(StorageError::io("fsync", target.describe(self.payload_name)))?;
+        target
+            .sync_dir()
+            .map_err(StorageError::io("fsync directory", target.describe("")))?;
+        Ok(out)
+    }
 }
 
 /// The file that marks a directory as an unfinished freeze of the engine's.
