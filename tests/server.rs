@@ -310,6 +310,33 @@ fn a_body_that_is_not_an_object_is_refused() {
     assert_eq!(server.terminate(), 0);
 }
 
+/// A compressed body is refused by name (415) and an unknown parent is a
+/// 404 that names `attach`; neither stores anything.
+#[test]
+fn a_compressed_body_and_an_unknown_parent_are_named() {
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &[]);
+    let address = server.base.trim_start_matches("http://").to_string();
+    let mut client = TcpStream::connect(&address).unwrap();
+    let body = node("task", json!("root"), "a", &one_hot(0)).to_string();
+    let head = format!(
+        "POST /v1/nodes HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    client.write_all(head.as_bytes()).unwrap();
+    client.write_all(body.as_bytes()).unwrap();
+    client.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut answer = String::new();
+    let _ = client.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 415"), "{answer}");
+    assert!(answer.contains("gzip"), "{answer}");
+    let orphan = node("task", json!({"parent": 7}), "b", &one_hot(1)).to_string();
+    let e = server.fails("POST", "/v1/nodes", Some(&orphan), 404);
+    assert_eq!(e["field"], "attach", "{e}");
+    assert_eq!(server.get("/v1/bank")["node_count"], 0);
+    assert_eq!(server.terminate(), 0);
+}
+
 #[test]
 fn a_token_guards_every_request() {
     let (dir, path) = bank(DIM as u32);

@@ -50,7 +50,10 @@ impl ApiError {
 fn classify(e: &BankError, field: &str) -> (StatusCode, Option<String>) {
     let named = |status| (status, Some(field_of(e, field).to_string()));
     match e {
-        BankError::UnknownTree { .. } | BankError::UnknownNode(_) => (StatusCode::NOT_FOUND, None),
+        BankError::UnknownTree { .. } => (StatusCode::NOT_FOUND, None),
+        // Named: an unknown node may be a parent to attach to or one of
+        // many ids, not only the one in the path.
+        BankError::UnknownNode(_) => named(StatusCode::NOT_FOUND),
         BankError::AlreadyConsolidated { .. } | BankError::DuplicateExternalId { .. } => named(StatusCode::CONFLICT),
         BankError::DimensionMismatch { .. }
         | BankError::BadEmbedding(_)

@@ -167,6 +167,17 @@ impl<T: DeserializeOwned + WithEmbedding> FromRequest<AppState> for VectorBody<T
 
 /// A request's body, read within the time and size limits.
 async fn read_body(request: Request, state: &AppState) -> Result<axum::body::Bytes, ApiError> {
+    // A compressed body would reach the JSON parser as bytes it cannot
+    // read, or be misread: refuse it by name instead.
+    if let Some(encoding) = request.headers().get(axum::http::header::CONTENT_ENCODING) {
+        let encoding = String::from_utf8_lossy(encoding.as_bytes()).trim().to_ascii_lowercase();
+        if encoding != "identity" {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("Content-Encoding {encoding:?} is not supported: send the body uncompressed"),
+            ));
+        }
+    }
     let limits = &state.limits;
     let read = axum::body::Bytes::from_request(request, state);
     match tokio::time::timeout(Duration::from_millis(limits.request_ms), read).await {
