@@ -91,18 +91,30 @@ fn non_object_kind(text: &str) -> Option<&'static str> {
 /// the column means anything, so the message is rebuilt around it, led by
 /// the path of the value at fault.
 fn describe(text: &str, path: &str, inner: &serde_json::Error) -> String {
-    let full = inner.to_string();
-    let reason = full.split(" at line ").next().unwrap_or(&full);
+    let reason = json_reason(inner);
     if inner.is_syntax() || inner.is_eof() {
-        let hint = match ["NaN", "Infinity"].iter().any(|w| text.contains(w)) {
-            true => " (JSON has no NaN or Infinity)",
-            false => "",
-        };
+        let hint = nan_hint(text.as_bytes());
         return format!("malformed JSON at column {}: {reason}{hint}", inner.column());
     }
     match path {
         "." | "" => format!("{reason} (column {})", inner.column()),
         _ => format!("\"{path}\": {reason} (column {})", inner.column()),
+    }
+}
+
+/// serde_json's message without its trailing "at line L column C" (each
+/// face places the error its own way).
+pub fn json_reason(inner: &serde_json::Error) -> String {
+    let full = inner.to_string();
+    full.split(" at line ").next().unwrap_or(&full).to_string()
+}
+
+/// A hint for malformed JSON that spells a float JSON cannot hold.
+pub fn nan_hint(text: &[u8]) -> &'static str {
+    let spelled = |w: &[u8]| text.windows(w.len()).any(|b| b == w);
+    match spelled(b"NaN") || spelled(b"Infinity") {
+        true => " (JSON has no NaN or Infinity)",
+        false => "",
     }
 }
 

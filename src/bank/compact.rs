@@ -343,7 +343,7 @@ impl Bank {
         if let (CopyKind::Live, Some(source)) = (copy, source) {
             // The old generation is deleted once the new one is in place:
             // its copied pages can make room for the new ones. A hint.
-            let _ = source.drop_cache(0, self.base.vector_segment_size_bytes());
+            source.drop_cache(0, self.base.vector_segment_size_bytes());
         }
         Ok(open)
     }

@@ -231,19 +231,12 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8], max_depth: usize) -> ApiRes
 /// lines) and blames only the part of the path the parser knew: a `?`
 /// segment stands for a key it had not read yet.
 fn body_error(body: &[u8], path: &str, inner: &serde_json::Error) -> ApiError {
-    let full = inner.to_string();
-    let reason = full.split(" at line ").next().unwrap_or(&full);
+    let reason = crate::api::json_reason(inner);
     if inner.is_syntax() || inner.is_eof() {
         let known = path.split('.').take_while(|s| !s.is_empty() && !s.starts_with('?'));
         let known = known.collect::<Vec<_>>().join(".");
         let place = format!("line {} column {}", inner.line(), inner.column());
-        let hint = match [&b"NaN"[..], b"Infinity"]
-            .iter()
-            .any(|w| body.windows(w.len()).any(|b| b == *w))
-        {
-            true => " (JSON has no NaN or Infinity)",
-            false => "",
-        };
+        let hint = crate::api::nan_hint(body);
         return match known.as_str() {
             "" => ApiError::new(
                 StatusCode::BAD_REQUEST,

@@ -81,7 +81,7 @@ impl StorageFile for RealFile {
         start_writeback(&self.file, offset_bytes, len_bytes)
     }
 
-    fn drop_cache(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+    fn drop_cache(&self, offset_bytes: u64, len_bytes: u64) {
         drop_cache(&self.file, offset_bytes, len_bytes)
     }
 
@@ -160,17 +160,14 @@ fn start_writeback(_file: &File, _offset_bytes: u64, _len_bytes: u64) -> io::Res
 /// the next writes at once. Dirty and mapped pages stay. Only a hint: an
 /// error says nothing about the file's bytes, so none is reported.
 #[cfg(target_os = "linux")]
-fn drop_cache(file: &File, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+fn drop_cache(file: &File, offset_bytes: u64, len_bytes: u64) {
     if let Some(len) = std::num::NonZeroU64::new(len_bytes) {
         let _ = rustix::fs::fadvise(file, offset_bytes, Some(len), rustix::fs::Advice::DontNeed);
     }
-    Ok(())
 }
 
 #[cfg(not(target_os = "linux"))]
-fn drop_cache(_file: &File, _offset_bytes: u64, _len_bytes: u64) -> io::Result<()> {
-    Ok(())
-}
+fn drop_cache(_file: &File, _offset_bytes: u64, _len_bytes: u64) {}
 
 /// Whether a write can go through an `O_DIRECT` descriptor: its memory,
 /// file offset and length all on `DIRECT_ALIGN_BYTES` boundaries.

@@ -172,8 +172,8 @@ pub trait StorageFile: Send + Sync {
     /// Tells the OS that the range will not be read again soon, so it may
     /// drop its clean, unmapped cached pages (Linux `posix_fadvise` with
     /// `POSIX_FADV_DONTNEED`) and reuse their memory. A hint: it never
-    /// changes the file's bytes, and never fails.
-    fn drop_cache(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()>;
+    /// changes the file's bytes, so it reports nothing.
+    fn drop_cache(&self, offset_bytes: u64, len_bytes: u64);
     /// Maps the whole file as it is now, read only. The engine maps only
     /// fixed-size segments, so a mapping is never invalidated by growth.
     fn map(&self) -> io::Result<Mapping>;
@@ -269,7 +269,7 @@ macro_rules! forward_size_ops {
         fn sync_data(&self) -> std::io::Result<()> {
             self.inner.sync_data()
         }
-        fn drop_cache(&self, offset_bytes: u64, len_bytes: u64) -> std::io::Result<()> {
+        fn drop_cache(&self, offset_bytes: u64, len_bytes: u64) {
             self.inner.drop_cache(offset_bytes, len_bytes)
         }
     };
@@ -364,7 +364,7 @@ mod tests {
             self.hints.lock().unwrap().push((offset_bytes, len_bytes));
             Ok(())
         }
-        fn drop_cache(&self, _offset_bytes: u64, _len_bytes: u64) -> io::Result<()> {
+        fn drop_cache(&self, _offset_bytes: u64, _len_bytes: u64) {
             unimplemented!("not dropped")
         }
         fn map(&self) -> io::Result<Mapping> {

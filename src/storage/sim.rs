@@ -360,9 +360,7 @@ impl StorageFile for SimFile {
     }
 
     /// Memory is the only cache here: nothing to drop.
-    fn drop_cache(&self, _offset_bytes: u64, _len_bytes: u64) -> io::Result<()> {
-        Ok(())
-    }
+    fn drop_cache(&self, _offset_bytes: u64, _len_bytes: u64) {}
 
     fn map(&self) -> io::Result<Mapping> {
         Ok(super::snapshot::snapshot(
