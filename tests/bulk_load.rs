@@ -418,6 +418,59 @@ fn big_loads_equal_transactions() {
     }
 }
 
+/// A load's writer thread writes each batch's vectors while later ones
+/// are staged. A batch refused at its last node, after most of its
+/// vectors were written, gives its indexes to the next batch: the files
+/// must end up with the next batch's vectors there, in every precision,
+/// with pieces, blocks and segments crossing the batch edges, and with
+/// nodes committed through the WAL before the load.
+#[test]
+fn a_refused_batch_leaves_no_vectors_behind_for_the_next() {
+    let dim = 1000; // a padded stride: 4,032 bytes in f32
+    for precision in [Precision::F32, Precision::F16, Precision::Int8] {
+        let what = format!("{precision:?}");
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut c = BankConfig::new(dim as u32);
+        c.rows_per_segment = Some(1500);
+        c.precision = precision;
+        let mut logged = Bank::create_dir(a.path(), c.clone()).unwrap();
+        let mut loaded = Bank::create_dir(b.path(), c).unwrap();
+        let wide = |range: std::ops::Range<usize>| -> Vec<Change> {
+            range.map(|k| Change::Insert(wide_node(k, dim, false))).collect()
+        };
+        for bank in [&mut logged, &mut loaded] {
+            bank.transact(&wide(0..7), None).unwrap();
+        }
+        let mut refused = wide(1000..3300);
+        if let Change::Insert(n) = refused.last_mut().unwrap() {
+            n.embedding[5] = f32::NAN;
+        }
+        let batches = [
+            as_column(&wide(7..1107)),
+            as_column(&refused),
+            as_column(&wide(5000..7000)),
+        ];
+        let refs: Vec<(&[Change], &[f32])> = batches.iter().map(|(c, v)| (c.as_slice(), v.as_slice())).collect();
+        let results = loaded.load_columns(&refs).unwrap();
+        assert!(
+            matches!(&results[1], Err(BankError::BatchItem { position: 2299, .. })),
+            "{what}: {:?}",
+            results[1]
+        );
+        assert!(results[0].is_ok() && results[2].is_ok(), "{what}");
+        for range in [7..1107, 5000..7000] {
+            logged.transact(&wide(range), None).unwrap();
+        }
+        let want = node_snapshot(&logged);
+        assert_eq!(node_snapshot(&loaded), want, "{what}");
+        drop(loaded);
+        let reopened = Bank::open_dir(b.path(), OpenOptions::default()).unwrap();
+        assert_eq!(node_snapshot(&reopened), want, "{what}: reopened");
+        let report = reopened.verify().unwrap();
+        assert!(report.problems.is_empty(), "{what}: {:?}", report.problems);
+    }
+}
+
 /// Every byte the bulk paths write into data files (a load's checkpoint,
 /// compact, freeze) is handed to the storage's writeback hint, so dirty
 /// pages are flushed as they are written instead of piling up for the

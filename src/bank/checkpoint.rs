@@ -1,19 +1,14 @@
 //! Checkpoint: fold the overlay into the data files, then publish a new
 //! manifest and start a new WAL generation. See FORMAT.md "Checkpoint".
 
-use std::ops::Range;
-use std::sync::Arc;
-
 use super::base::Base;
-use super::kernels::quant::{encode_f16, encode_int8_row};
+use super::segment_writer::{SegmentWriter, WRITE_CHUNK_BYTES};
 use super::{Bank, BankError};
-use crate::format::manifest::{Manifest, Precision};
-use crate::format::row::{ROW_SIZE_BYTES, Row};
+use crate::format::manifest::Manifest;
 use crate::format::wal::WalHeader;
 use crate::storage::wal::WalWriter;
 use crate::storage::{
-    MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, StorageError, StorageFile, payload_file, qvector_segment_file,
-    replace_atomically_reporting, table_segment_file, vector_segment_file, write_bulk_at,
+    MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, StorageError, payload_file, replace_atomically_reporting, write_bulk_at,
 };
 
 /// How far a failed checkpoint got, for callers whose changes are not in
@@ -27,6 +22,21 @@ pub(crate) enum Published {
     Unknown,
     /// Durable; only starting the new WAL failed.
     Yes,
+}
+
+/// How a checkpoint writes its new nodes' vectors.
+pub(crate) enum VectorWrites {
+    /// Through the page cache: a few new nodes, which queries soon read.
+    Cached,
+    /// A bulk load's: the vectors of nodes from `from_index` on are
+    /// written already (not yet fsynced) by `writer`, a writer thread's,
+    /// which writes around the page cache where the file system allows.
+    /// Copying gigabytes into freshly allocated cache pages is most of what
+    /// a load costs through the cache, and pushes other pages out of
+    /// memory; the bank is read back from the disk by its first scan
+    /// instead. Those of earlier nodes (committed through the WAL before
+    /// the load) go through the cache.
+    Prewritten { from_index: u32, writer: SegmentWriter },
 }
 
 /// What `Bank::prepare_checkpoint` wrote: the new nodes' payload records,
@@ -48,13 +58,13 @@ impl Bank {
     /// Makes everything committed durable in the data files and empties the
     /// WAL. Any failure poisons the bank (the old checkpoint stays valid).
     pub fn checkpoint(&mut self) -> Result<(), BankError> {
-        self.checkpoint_reporting().map_err(|(e, _)| e)
+        self.checkpoint_reporting(VectorWrites::Cached).map_err(|(e, _)| e)
     }
 
     /// As `checkpoint`; a failure also says whether the new manifest was
     /// published.
-    pub(crate) fn checkpoint_reporting(&mut self) -> Result<(), (BankError, Published)> {
-        let prepared = self.prepare_checkpoint();
+    pub(crate) fn checkpoint_reporting(&mut self, writes: VectorWrites) -> Result<(), (BankError, Published)> {
+        let prepared = self.prepare_writing(writes);
         self.publish_reporting(prepared)
     }
 
@@ -66,8 +76,12 @@ impl Bank {
     /// reader of this handle reads them before that either.
     /// A failure poisons the bank at once.
     pub fn prepare_checkpoint(&self) -> Result<PreparedCheckpoint, BankError> {
+        self.prepare_writing(VectorWrites::Cached)
+    }
+
+    fn prepare_writing(&self, writes: VectorWrites) -> Result<PreparedCheckpoint, BankError> {
         self.check_writable()?;
-        self.write_new_nodes().inspect_err(|e| {
+        self.write_new_nodes(writes).inspect_err(|e| {
             let writer = self.writer.as_ref().expect("checked writable");
             let _ = writer.poisoned_shared.set(format!("checkpoint failed: {e}"));
         })
@@ -77,15 +91,31 @@ impl Bank {
     /// final places and fsyncs those files. New nodes have consecutive
     /// indexes, so each file gets a few large writes, not one per node (a
     /// bulk load writes 10^5 nodes per checkpoint).
-    fn write_new_nodes(&self) -> Result<PreparedCheckpoint, BankError> {
+    fn write_new_nodes(&self, writes: VectorWrites) -> Result<PreparedCheckpoint, BankError> {
         let ov = &self.overlay;
         let mut created = false;
         if !ov.rows.is_empty() {
             self.write_payloads()?;
-            let mut segments = SegmentWriter::new(self);
+            // A load's writer thread wrote the vectors from `vectors_end`
+            // on; this writer writes the rest through the page cache (its
+            // writes leave the bytes after them alone, unlike the padded
+            // blocks of writes around it).
+            let (prewritten, vectors_end) = match writes {
+                VectorWrites::Cached => (None, ov.total_count()),
+                VectorWrites::Prewritten { from_index, writer } => (Some(writer), from_index),
+            };
+            assert!((ov.base_count..=ov.total_count()).contains(&vectors_end));
+            let dim = self.manifest.dim_count as usize;
+            let mut segments = SegmentWriter::new(self.storage.clone(), &self.manifest, false);
             segments.put_rows(ov.base_count, &ov.rows)?;
-            segments.put_vectors(ov.base_count, &ov.vectors)?;
+            segments.put_vectors(
+                ov.base_count,
+                &ov.vectors[..(vectors_end - ov.base_count) as usize * dim],
+            )?;
             created = segments.sync_all()?;
+            if let Some(writer) = prewritten {
+                created |= writer.sync_all()?;
+            }
         }
         Ok(PreparedCheckpoint {
             sequence: self.manifest.sequence,
@@ -143,7 +173,7 @@ impl Bank {
         let storage = self.storage.clone();
         let mut created = prepared.created;
         if !self.still_holds(&prepared) {
-            created |= self.write_new_nodes().map_err(before)?.created;
+            created |= self.write_new_nodes(VectorWrites::Cached).map_err(before)?.created;
         }
         created |= self.write_patched_rows().map_err(before)?;
         if created {
@@ -193,7 +223,7 @@ impl Bank {
     /// their segments; returns whether files were created (never, in
     /// practice: these rows' segments exist).
     fn write_patched_rows(&self) -> Result<bool, BankError> {
-        let mut segments = SegmentWriter::new(self);
+        let mut segments = SegmentWriter::new(self.storage.clone(), &self.manifest, false);
         for row in self.overlay.patched.values() {
             segments.put_rows(row.index, std::slice::from_ref(row))?;
         }
@@ -226,176 +256,6 @@ impl Bank {
     }
 }
 
-/// About the largest single write a checkpoint builds in memory (encoded
-/// vector chunks round it up to whole 2 MiB blocks, at most twice this;
-/// vectors of an f32 bank whose stride has no padding are written from
-/// the overlay as is).
-const WRITE_CHUNK_BYTES: usize = 4 << 20;
-
-/// Rows per encoded write of `stride_bytes` rows: about
-/// `WRITE_CHUNK_BYTES`, rounded up to a whole number of 2 MiB (the huge
-/// page size) when that stays under twice as much, so that consecutive
-/// chunks from an aligned start keep every write seam on a 2 MiB boundary
-/// (see `write_bulk_at`: such writes leave the page cache in large
-/// folios). 768-byte f16 rows: 8,192 rows (6 MiB).
-fn chunk_rows(stride_bytes: usize) -> usize {
-    const HUGE_PAGE_BYTES: usize = 2 << 20;
-    let plain = (WRITE_CHUNK_BYTES / stride_bytes).max(1);
-    let mut a = stride_bytes;
-    let mut b = HUGE_PAGE_BYTES;
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    let aligned = HUGE_PAGE_BYTES / a; // rows whose bytes fill whole 2 MiB blocks
-    match aligned <= 2 * plain {
-        true => plain.div_ceil(aligned) * aligned,
-        false => plain,
-    }
-}
-
-/// Encodes a vector as the vector segments store it into `out` (one row
-/// stride, zero padded); returns the bytes used.
-pub(crate) fn encode_vector(precision: Precision, vector: &[f32], out: &mut [u8]) -> usize {
-    let used = vector.len() * precision.component_bytes() as usize;
-    match precision {
-        Precision::F16 => encode_f16(vector, &mut out[..used]),
-        Precision::F32 | Precision::Int8 => out[..used].copy_from_slice(bytemuck::cast_slice(vector)),
-    }
-    used
-}
-
-/// Splits `count` consecutive nodes from `first` into runs that stay in
-/// one segment and hold at most `max_rows`: (segment, first slot, range
-/// of positions in the input).
-fn segment_runs(first: u32, count: usize, rows_per_segment: u32, max_rows: usize) -> Vec<(u32, u32, Range<usize>)> {
-    assert!(rows_per_segment > 0 && max_rows > 0);
-    let mut runs = Vec::new();
-    let mut done = 0usize;
-    while done < count {
-        let index = first + done as u32;
-        let slot = index % rows_per_segment;
-        let len = ((rows_per_segment - slot) as usize).min(count - done).min(max_rows);
-        runs.push((index / rows_per_segment, slot, done..done + len));
-        done += len;
-    }
-    runs
-}
-
-/// Opens (creating at full size when new) and writes segment files.
-struct SegmentWriter<'a> {
-    bank: &'a Bank,
-    open: std::collections::BTreeMap<String, Arc<dyn StorageFile>>,
-    created: bool,
-}
-
-impl<'a> SegmentWriter<'a> {
-    fn new(bank: &'a Bank) -> SegmentWriter<'a> {
-        SegmentWriter {
-            bank,
-            open: Default::default(),
-            created: false,
-        }
-    }
-
-    fn file(&mut self, name: String, size_bytes: u64) -> Result<Arc<dyn StorageFile>, BankError> {
-        if let Some(f) = self.open.get(&name) {
-            return Ok(f.clone());
-        }
-        let storage = &self.bank.storage;
-        let desc = storage.describe(&name);
-        let exists = storage.exists(&name).map_err(StorageError::io("stat", desc.clone()))?;
-        let file = storage
-            .open(&name, OpenMode::Create)
-            .map_err(StorageError::io("open", desc.clone()))?;
-        // Fixed size from birth, so mappings of it never change. A crash
-        // can leave a new segment short; no checkpoint refers to it yet.
-        if file.len_bytes().map_err(StorageError::io("stat", desc.clone()))? != size_bytes {
-            file.set_len(size_bytes).map_err(StorageError::io("size", desc))?;
-        }
-        self.created |= !exists;
-        self.open.insert(name, file.clone());
-        Ok(file)
-    }
-
-    fn write(&mut self, name: String, size_bytes: u64, bytes: &[u8], offset_bytes: u64) -> Result<(), BankError> {
-        let desc = self.bank.storage.describe(&name);
-        let file = self.file(name, size_bytes)?;
-        write_bulk_at(file.as_ref(), bytes, offset_bytes).map_err(StorageError::io("write", desc))?;
-        Ok(())
-    }
-
-    /// Writes rows of consecutive indexes from `first`.
-    fn put_rows(&mut self, first: u32, rows: &[Row]) -> Result<(), BankError> {
-        let rps = self.bank.manifest.rows_per_segment;
-        let size = u64::from(rps) * ROW_SIZE_BYTES as u64;
-        let mut bytes = Vec::new();
-        for (segment, slot, range) in segment_runs(first, rows.len(), rps, WRITE_CHUNK_BYTES / ROW_SIZE_BYTES) {
-            bytes.clear();
-            for row in &rows[range] {
-                bytes.extend_from_slice(&row.encode());
-            }
-            let name = table_segment_file(self.bank.manifest.generation, segment);
-            self.write(name, size, &bytes, u64::from(slot) * ROW_SIZE_BYTES as u64)?;
-        }
-        Ok(())
-    }
-
-    /// Writes the vectors (`dim_count` floats each) of consecutive new
-    /// nodes from `first` in the bank's precision, and their int8
-    /// side-column rows when the bank has one.
-    fn put_vectors(&mut self, first: u32, vectors: &[f32]) -> Result<(), BankError> {
-        let bank = self.bank;
-        let m = &bank.manifest;
-        let (dim, stride) = (m.dim_count as usize, m.row_stride_bytes as usize);
-        let count = vectors.len() / dim.max(1);
-        let size = u64::from(m.rows_per_segment) * stride as u64;
-        let as_is = m.precision != Precision::F16 && stride == dim * 4;
-        let qstride = m.precision.qvector_stride_bytes(m.dim_count);
-        let mut bytes = Vec::new();
-        // Vectors stored as they are need no buffer: one write per segment
-        // run, so the runs' seams fall on the batch's edges only.
-        let max_rows = match as_is {
-            true => usize::MAX,
-            false => chunk_rows(stride.max(qstride.unwrap_or(0) as usize)),
-        };
-        for (segment, slot, range) in segment_runs(first, count, m.rows_per_segment, max_rows) {
-            let values = &vectors[range.start * dim..range.end * dim];
-            let name = vector_segment_file(m.generation, segment);
-            let offset = u64::from(slot) * stride as u64;
-            if as_is {
-                self.write(name, size, bytemuck::cast_slice(values), offset)?;
-            } else {
-                bytes.clear();
-                bytes.resize(range.len() * stride, 0);
-                for (v, out) in values.chunks_exact(dim).zip(bytes.chunks_exact_mut(stride)) {
-                    encode_vector(m.precision, v, out);
-                }
-                self.write(name, size, &bytes, offset)?;
-            }
-            if let Some(qstride) = qstride {
-                let qstride = qstride as usize;
-                bytes.clear();
-                bytes.resize(range.len() * qstride, 0);
-                for (v, out) in values.chunks_exact(dim).zip(bytes.chunks_exact_mut(qstride)) {
-                    encode_int8_row(v, out);
-                }
-                let qsize = u64::from(m.rows_per_segment) * qstride as u64;
-                let name = qvector_segment_file(m.generation, segment);
-                self.write(name, qsize, &bytes, u64::from(slot) * qstride as u64)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn sync_all(self) -> Result<bool, BankError> {
-        for (name, file) in &self.open {
-            file.sync_data()
-                .map_err(StorageError::io("fsync", self.bank.storage.describe(name)))?;
-        }
-        Ok(self.created)
-    }
-}
-
 impl Bank {
     /// Checkpoints (if this is the writer) and releases the lock. Dropping
     /// a bank without `close` loses nothing committed: the WAL holds it.
@@ -422,29 +282,5 @@ impl Bank {
         }
         self.sync()?;
         Ok(self.close().err().map(|e| e.to_string()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{WRITE_CHUNK_BYTES, chunk_rows};
-
-    /// Encoded chunks fill whole 2 MiB blocks when a modest size allows it,
-    /// and stay near `WRITE_CHUNK_BYTES` otherwise.
-    #[test]
-    fn encoded_chunks_fill_whole_huge_pages() {
-        const HUGE: usize = 2 << 20;
-        for stride in [64usize, 768, 1536, 3072, 4096] {
-            let bytes = chunk_rows(stride) * stride;
-            assert_eq!(bytes % HUGE, 0, "stride {stride}");
-            assert!(
-                (WRITE_CHUNK_BYTES..=2 * WRITE_CHUNK_BYTES).contains(&bytes),
-                "stride {stride}"
-            );
-        }
-        assert_eq!(chunk_rows(768), 8192);
-        // 64 x 255 bytes: whole 2 MiB blocks would take 255 x 2 MiB.
-        assert_eq!(chunk_rows(64 * 255), WRITE_CHUNK_BYTES / (64 * 255));
-        assert_eq!(chunk_rows(WRITE_CHUNK_BYTES * 3), 1);
     }
 }

@@ -11,9 +11,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::VectorChecks;
-use super::checkpoint::encode_vector;
 use super::kernels::quant::encode_int8_row;
 use super::open::new_salt;
+use super::segment_writer::encode_vector;
 use super::{Bank, BankError};
 use crate::format::manifest::{MANIFEST_FLAG_FROZEN, Manifest, Precision};
 use crate::format::payload::check_record;
@@ -21,8 +21,8 @@ use crate::format::row::{ROW_SIZE_BYTES, Row};
 use crate::format::wal::WalHeader;
 use crate::storage::wal::WalWriter;
 use crate::storage::{
-    DIRECT_ALIGN_BYTES, FileStorage, MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, Storage, StorageError, StorageFile,
-    WAL_FILE, WAL_TMP_FILE, data_file_generation, payload_file, qvector_segment_file, replace_atomically,
+    AlignedBuf, DIRECT_ALIGN_BYTES, FileStorage, MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, Storage, StorageError,
+    StorageFile, WAL_FILE, WAL_TMP_FILE, data_file_generation, payload_file, qvector_segment_file, replace_atomically,
     table_segment_file, vector_segment_file, write_bulk_at,
 };
 
@@ -373,31 +373,6 @@ enum CopyKind {
     Frozen,
 }
 
-/// A zeroed byte buffer that starts on a `DIRECT_ALIGN_BYTES` boundary,
-/// so a write of it may bypass the page cache.
-struct AlignedBuf {
-    bytes: Vec<u8>,
-    start: usize,
-    len: usize,
-}
-
-impl AlignedBuf {
-    fn new(len: usize) -> AlignedBuf {
-        let bytes = vec![0u8; len + DIRECT_ALIGN_BYTES];
-        let start = bytes.as_ptr().align_offset(DIRECT_ALIGN_BYTES);
-        assert!(start < DIRECT_ALIGN_BYTES, "a byte pointer can always be aligned");
-        AlignedBuf { bytes, start, len }
-    }
-
-    fn get(&self) -> &[u8] {
-        &self.bytes[self.start..self.start + self.len]
-    }
-
-    fn get_mut(&mut self) -> &mut [u8] {
-        &mut self.bytes[self.start..self.start + self.len]
-    }
-}
-
 /// One segment's node table, vector column and (int8 banks) side column,
 /// built in memory and written whole. The buffers hold a full segment
 /// and serve every segment in turn.
@@ -519,8 +494,8 @@ impl SegmentColumns {
             let used_bytes = self.rows * unit_bytes;
             // Whole aligned blocks (zeros past the rows, as in the file)
             // so a direct write takes the last block too.
-            let write_bytes = used_bytes.next_multiple_of(DIRECT_ALIGN_BYTES).min(buf.len);
-            write_segment(target, name, buf.len as u64, &buf.get()[..write_bytes], mode, written)?;
+            let write_bytes = used_bytes.next_multiple_of(DIRECT_ALIGN_BYTES).min(buf.len());
+            write_segment(target, name, buf.len() as u64, &buf.get()[..write_bytes], mode, written)?;
             total_bytes += used_bytes as u64;
         }
         Ok(total_bytes)

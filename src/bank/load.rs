@@ -6,9 +6,14 @@
 //! overlay exactly like a transaction and checkpoints at once, so each
 //! vector is written once, in large writes, straight to its segment.
 
-use super::checkpoint::Published;
+use std::sync::mpsc::{Receiver, Sender, SyncSender};
+
+use super::checkpoint::{Published, VectorWrites};
 use super::mutate::{Txn, set_lsn};
+use super::overlay::Overlay;
+use super::segment_writer::SegmentWriter;
 use super::{Bank, BankError, Change, ChangeAck};
+use crate::format::manifest::Manifest;
 
 impl Bank {
     /// Applies `changes` like [`Bank::transact`] and makes them durable by
@@ -28,7 +33,7 @@ impl Bank {
     /// retrieval count) would be rewritten in place by the checkpoint with
     /// no WAL record to restore it from if the checkpoint were cut short.
     pub fn load(&mut self, changes: &[Change]) -> Result<Vec<ChangeAck>, BankError> {
-        self.load_staged(changes, None)
+        self.load_one(changes, None)
     }
 
     /// As [`Bank::load`], with the embeddings given as one row-major
@@ -37,7 +42,7 @@ impl Bank {
     /// empty. Spares a bulk import one allocation and copy per row.
     pub fn load_column(&mut self, changes: &[Change], column: &[f32]) -> Result<Vec<ChangeAck>, BankError> {
         self.check_column(changes, column)?;
-        self.load_staged(changes, Some(column))
+        self.load_one(changes, Some(column))
     }
 
     /// As [`Bank::load_column`] for several batches made durable by one
@@ -49,32 +54,88 @@ impl Bank {
     /// another reason than a node of its batch): it means for every staged
     /// batch what a failed `load` means for its one.
     pub fn load_columns(&mut self, batches: &[(&[Change], &[f32])]) -> Result<Vec<BatchResult>, BankError> {
+        let batches: Vec<_> = batches.iter().map(|&(c, column)| (c, Some(column))).collect();
+        self.load_batches(&batches)
+    }
+
+    fn load_one(&mut self, changes: &[Change], column: Option<&[f32]>) -> Result<Vec<ChangeAck>, BankError> {
+        let mut results = self.load_batches(&[(changes, column)])?;
+        results.pop().expect("one result per batch")
+    }
+
+    /// Stages each batch (all or nothing on its own) while a writer thread
+    /// writes the staged nodes' vectors, then makes them durable by one
+    /// checkpoint.
+    fn load_batches(&mut self, batches: &[(&[Change], Option<&[f32]>)]) -> Result<Vec<BatchResult>, BankError> {
         self.check_writable()?;
+        let from_index = self.overlay.total_count();
+        let writer = SegmentWriter::new(self.storage.clone(), &self.manifest, true);
+        let mut feed = Feed::new(&self.manifest, from_index);
+        let (staged, written) = std::thread::scope(|scope| {
+            let (jobs_tx, jobs_rx) = std::sync::mpsc::sync_channel(FEED_QUEUE_PIECES);
+            let (spare_tx, spare_rx) = std::sync::mpsc::channel();
+            let thread = scope.spawn(move || write_pieces(writer, jobs_rx, spare_tx));
+            let staged = self.stage_batches(batches, &mut |ov| feed.offer(ov, false, &jobs_tx, &spare_rx));
+            if staged.is_ok() {
+                feed.offer(&self.overlay, true, &jobs_tx, &spare_rx);
+            }
+            drop(jobs_tx);
+            (staged, thread.join().expect("the load's writer thread does not panic"))
+        });
+        let (mut results, staged) = staged?;
+        let writer = match written {
+            Ok(writer) => writer,
+            Err(e) => {
+                // As a failed checkpoint: poisoned, and nothing staged stays.
+                if let Some(w) = self.writer.as_mut() {
+                    w.poisoned = Some(format!("checkpoint failed: {e}"));
+                }
+                self.unstage_all(staged)?;
+                return Err(e);
+            }
+        };
+        let mut acks = self
+            .commit_loaded(staged, VectorWrites::Prewritten { from_index, writer })?
+            .into_iter();
+        for result in results.iter_mut().filter(|r| r.is_ok()) {
+            *result = Ok(acks.next().expect("one ack list per staged batch"));
+        }
+        Ok(results)
+    }
+
+    /// Stages each batch on its own, showing the overlay to `staged` as it
+    /// grows; each batch's result (an empty ack list for a staged one) and
+    /// the staged transactions. A batch whose node is refused fails alone.
+    fn stage_batches(
+        &mut self,
+        batches: &[(&[Change], Option<&[f32]>)],
+        staged: &mut dyn FnMut(&Overlay),
+    ) -> Result<(Vec<BatchResult>, Vec<Txn>), BankError> {
         let mut results = Vec::with_capacity(batches.len());
-        let mut staged = Vec::with_capacity(batches.len());
+        let mut txns = Vec::with_capacity(batches.len());
         for &(changes, column) in batches {
-            let txn = self
-                .check_column(changes, column)
-                .and_then(|()| check_loadable(changes, true))
-                .and_then(|()| self.stage_all(changes, Some(column), false));
+            let txn = column
+                .map_or(Ok(()), |c| self.check_column(changes, c))
+                .and_then(|()| check_loadable(changes, column.is_some()))
+                .and_then(|()| self.stage_all_watched(changes, column, false, staged));
             match txn {
-                Ok(txn) => staged.push(txn),
+                Ok(txn) => txns.push(txn),
                 Err(e @ (BankError::BatchItem { .. } | BankError::DimensionMismatch { .. })) => {
+                    // Undone: shown at once, so that the watcher knows the
+                    // indexes from here on are free before the next batch
+                    // fills them.
+                    staged(&self.overlay);
                     results.push(Err(e));
                     continue;
                 }
                 Err(e) => {
-                    self.unstage_all(staged)?;
+                    self.unstage_all(txns)?;
                     return Err(e);
                 }
             }
             results.push(Ok(Vec::new()));
         }
-        let mut acks = self.commit_loaded(staged)?.into_iter();
-        for result in results.iter_mut().filter(|r| r.is_ok()) {
-            *result = Ok(acks.next().expect("one ack list per staged batch"));
-        }
-        Ok(results)
+        Ok((results, txns))
     }
 
     /// A column holds one row of `dim_count` floats per change.
@@ -89,24 +150,16 @@ impl Bank {
         Ok(())
     }
 
-    fn load_staged(&mut self, changes: &[Change], column: Option<&[f32]>) -> Result<Vec<ChangeAck>, BankError> {
-        self.check_writable()?;
-        check_loadable(changes, column.is_some())?;
-        let txn = self.stage_all(changes, column, false)?;
-        let mut acks = self.commit_loaded(vec![txn])?;
-        Ok(acks.pop().expect("one staged batch"))
-    }
-
     /// Makes staged load batches durable by a checkpoint; their acks, in
     /// order.
-    fn commit_loaded(&mut self, txns: Vec<Txn>) -> Result<Vec<Vec<ChangeAck>>, BankError> {
+    fn commit_loaded(&mut self, txns: Vec<Txn>, writes: VectorWrites) -> Result<Vec<Vec<ChangeAck>>, BankError> {
         if txns.iter().all(|t| t.undo.is_empty()) {
             return Ok(txns.into_iter().map(|t| t.acks).collect());
         }
         let lsn = self.last_lsn();
         // Any failure poisons the bank (the checkpoint's rule); what the
         // handle shows afterwards follows what is on disk.
-        match self.checkpoint_reporting() {
+        match self.checkpoint_reporting(writes) {
             Ok(()) => {}
             Err((e, Published::No)) => {
                 // Not on disk, and no WAL record to bring it back: take it
@@ -158,4 +211,72 @@ fn check_loadable(changes: &[Change], column: bool) -> Result<(), BankError> {
         });
     }
     Ok(())
+}
+
+/// Pieces of vectors waiting for the load's writer thread: enough that
+/// it always has the next one, few enough to bound the memory.
+const FEED_QUEUE_PIECES: usize = 2;
+
+/// Hands the vectors of a load's staged nodes to its writer thread, in
+/// pieces of `SegmentWriter::piece_rows` that end on multiples of it (so
+/// each is whole aligned blocks, written around the page cache), as the
+/// overlay grows. Copies each piece out of the overlay: the writer thread
+/// cannot read the overlay while this thread extends it.
+struct Feed {
+    piece_rows: u32,
+    dim_count: usize,
+    /// The nodes from the load's first up to here were sent, their
+    /// vectors as they are now in the overlay.
+    sent_end: u32,
+    /// The writer thread has stopped (failed): send nothing more.
+    stopped: bool,
+}
+
+impl Feed {
+    fn new(manifest: &Manifest, from_index: u32) -> Feed {
+        Feed {
+            piece_rows: SegmentWriter::piece_rows(manifest) as u32,
+            dim_count: manifest.dim_count as usize,
+            sent_end: from_index,
+            stopped: false,
+        }
+    }
+
+    /// Sends the staged nodes not sent yet, up to the last piece boundary
+    /// (`all`: every one). A batch undone after some of its nodes were sent
+    /// brings the overlay below `sent_end`: those indexes are sent again,
+    /// with the nodes staged there next, and the later write wins.
+    fn offer(&mut self, overlay: &Overlay, all: bool, jobs: &SyncSender<(u32, Vec<f32>)>, spare: &Receiver<Vec<f32>>) {
+        let total = overlay.total_count();
+        self.sent_end = self.sent_end.min(total);
+        let end = match all {
+            true => total,
+            false => total - total % self.piece_rows,
+        };
+        if end <= self.sent_end || self.stopped {
+            return;
+        }
+        let dim = self.dim_count;
+        let at = (self.sent_end - overlay.base_count) as usize * dim;
+        let mut piece = spare.try_recv().unwrap_or_default();
+        piece.clear();
+        piece.extend_from_slice(&overlay.vectors[at..at + (end - self.sent_end) as usize * dim]);
+        self.stopped = jobs.send((self.sent_end, piece)).is_err();
+        self.sent_end = end;
+    }
+}
+
+/// The load's writer thread: writes each piece of vectors at its place,
+/// returns the buffers for reuse, and hands back the writer (whose files
+/// the checkpoint fsyncs) or the first error.
+fn write_pieces(
+    mut writer: SegmentWriter,
+    jobs: Receiver<(u32, Vec<f32>)>,
+    spare: Sender<Vec<f32>>,
+) -> Result<SegmentWriter, BankError> {
+    for (first, values) in jobs {
+        writer.put_vectors(first, &values)?;
+        let _ = spare.send(values);
+    }
+    Ok(writer)
 }

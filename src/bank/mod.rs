@@ -16,6 +16,7 @@ mod mutate;
 mod open;
 mod overlay;
 mod scan;
+mod segment_writer;
 mod stats;
 mod verify;
 

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use super::apply::check_record_size;
 use super::open::now_unix_ms;
+use super::overlay::Overlay;
 use super::scan::QueryOptions;
 use super::{Bank, BankError, ExternalKey, NodeRef, SyncPolicy, external_key};
 use crate::format::payload::{Payload, encode_record};
@@ -331,6 +332,18 @@ impl Bank {
         column: Option<&[f32]>,
         encode: bool,
     ) -> Result<Txn, BankError> {
+        self.stage_all_watched(changes, column, encode, &mut |_| {})
+    }
+
+    /// As `stage_all`, showing the overlay to `staged` after each change
+    /// is staged (a bulk load hands new vectors to its writer thread).
+    pub(super) fn stage_all_watched(
+        &mut self,
+        changes: &[Change],
+        column: Option<&[f32]>,
+        encode: bool,
+        staged: &mut dyn FnMut(&Overlay),
+    ) -> Result<Txn, BankError> {
         let record = match encode {
             true => self.record_buffer(),
             false => Vec::new(),
@@ -350,6 +363,7 @@ impl Bank {
                     error: Box::new(e),
                 });
             }
+            staged(&self.overlay);
         }
         Ok(txn)
     }

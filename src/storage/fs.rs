@@ -98,7 +98,9 @@ impl StorageFile for RealFile {
         // * Another process (the writer) changes a mapped segment only in
         //   a checkpoint, in two ways. It writes rows and vectors of new
         //   nodes past this handle's `node_count`, which this handle never
-        //   reads. And it rewrites rows of existing nodes in place, whole
+        //   reads (a load writes them with `O_DIRECT`; the kernel drops the
+        //   cached pages such a write covers, so a later read of them
+        //   through the mapping sees the new bytes). And it rewrites rows of existing nodes in place, whole
         //   128-byte images with a fresh CRC, where only `success_hits`,
         //   `retrievals`, `flags` and `link` differ from before; vectors
         //   are never rewritten.

@@ -1,6 +1,7 @@
 //! Files, mappings, the WAL and the lock, behind a [`Storage`] trait so a
 //! simulator can stand in for the file system (fault injection, counting).
 
+mod aligned;
 mod counting;
 mod fs;
 mod gated;
@@ -17,6 +18,7 @@ use thiserror::Error;
 
 use crate::format::FormatError;
 
+pub use aligned::AlignedBuf;
 pub use counting::{CountingStorage, IoCounts};
 pub use fs::FileStorage;
 pub use gated::{GateControl, GatedStorage};
@@ -115,7 +117,8 @@ pub enum OpenMode {
     ReadWrite,
     /// Read and write, created empty if missing.
     Create,
-    /// As `Create`, for a bulk copy no one reads soon (a frozen copy):
+    /// As `Create`, for bulk bytes no one reads soon (a frozen copy, a
+    /// bulk load's vectors):
     /// writes whose memory, offset and length are multiples of
     /// [`DIRECT_ALIGN_BYTES`] bypass the page cache where the file system
     /// allows (Linux `O_DIRECT`). Durability is unchanged: only
