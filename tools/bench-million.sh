@@ -18,14 +18,18 @@
 # cold sequential read speed (cat of the bank, caches dropped, in the cgroup).
 #
 # Each round, in this order (so rounds interleave and see the same machine):
-#   dd          a file of the bank's size, bs=4M conv=fdatasync (MB/s)
+#   dd          a file of the bank's size, bs=4M conv=fdatasync (MB/s), then
+#               the same with oflag=direct (around the page cache, as a
+#               load writes its vectors)
 #   import      init + `import --npy` of the whole matrix into a fresh bank;
 #               then its disk peer: the bytes the import wrote (the bank's
 #               size) written to one file in 4 MiB writes with an
 #               fdatasync after each group's share, as the import makes
 #               each group of batches (4,096 rows each, together >= 32 MiB
 #               of f32 vectors: LOAD_GROUP_BYTES) durable before the next
-#   query       one query (k = 10, one thread) in a fresh process, page cache
+#   query       one query (k = 10, one thread) in a fresh process right
+#               after the import (the bank not in the page cache: a load
+#               writes around it); then the same with the page cache
 #               warm; beside it the warm in-process query of the same bank
 #               (examples/bench_scan scan: median of 5 after a first query)
 #   stats       warm, then cold (echo 3 > /proc/sys/vm/drop_caches; needs
@@ -137,6 +141,10 @@ for round in $(seq 1 "$ROUNDS"); do
     dd_out=$(dd if=/dev/zero of="$WORK/dd.tmp" bs=4M count="$blocks" conv=fdatasync 2>&1 | tail -1)
     rm -f "$WORK/dd.tmp"
     record dd.mb_s "$(echo "$dd_out" | sed -n 's/^\([0-9]*\) bytes.*copied, \([0-9.]*\) s.*$/\1 \2/p' | awk '{printf "%.0f", $1 / $2 / 1e6}')"
+    # The same around the page cache (O_DIRECT), as a load writes its vectors.
+    dd_out=$(dd if=/dev/zero of="$WORK/dd.tmp" bs=4M count="$blocks" oflag=direct conv=fdatasync 2>&1 | tail -1)
+    rm -f "$WORK/dd.tmp"
+    record dd_direct.mb_s "$(echo "$dd_out" | sed -n 's/^\([0-9]*\) bytes.*copied, \([0-9.]*\) s.*$/\1 \2/p' | awk '{printf "%.0f", $1 / $2 / 1e6}')"
 
     "$D" --quiet init "$BANK" --dim "$DIM" --tree all --precision "$PRECISION" > /dev/null
     if [[ -n $CGROUP ]]; then drop_caches || true; fi
@@ -169,6 +177,9 @@ EOF
     record import.vs_peer "$(calc "$peer_s / $(last import.s)")"
     record import.mb_s "$(calc "$bank_bytes / $(last import.s) / 1e6")"
 
+    # A load writes around the page cache: the first query reads the bank
+    # from the disk.
+    run query_after_import "$D" --quiet query "$BANK" --tree all --npy "$ONE" --k 10 --threads 1
     warm_cache "$BANK"
     run query "$D" --quiet query "$BANK" --tree all --npy "$ONE" --k 10 --threads 1
     # Under a memory cap every scan reads the disk: three scans of one
@@ -223,16 +234,19 @@ def heap(key):
 
 med = lambda k: statistics.median(figures[k]) if figures.get(k) else float("nan")
 print(f"{int(rows):,} x {dim} {precision}, bank {med('bank.mb'):.0f} MB, {rounds} rounds; "
-      f"median (min-max); dd bs=4M conv=fdatasync: {fig('dd.mb_s', '{:.0f}')} MB/s"
+      f"median (min-max); dd bs=4M conv=fdatasync: {fig('dd.mb_s', '{:.0f}')} MB/s, "
+      f"with oflag=direct: {fig('dd_direct.mb_s', '{:.0f}')} MB/s"
       + (f"; every command capped at {limit_mb} MB of memory (heap + page cache)" if limit_mb != "0" else "")
       + "\n")
 print("| command | seconds | rate | peak heap |")
 print("|---|---:|---:|---:|")
 print(f"| `import --npy` | {fig('import.s')} | {fig('import.rows_s', '{:,.0f}')} rows/s = {fig('import.mb_s', '{:.0f}')} MB/s | {heap('import')} |")
-print(f"| disk peer: the bank's bytes, fdatasync per import group | {fig('peer.s')} | {fig('peer.mb_s', '{:.0f}')} MB/s; import at {fig('import.vs_peer')}x of it | |")
+print(f"| disk peer: the bank's bytes through the page cache, fdatasync per import group | {fig('peer.s')} | {fig('peer.mb_s', '{:.0f}')} MB/s; import at {fig('import.vs_peer')}x of it | |")
 ratio = med('query.s') / med('query_warm_inprocess.s')
 print(f"| `query` (k=10, 1 thread), fresh process, warm cache | {fig('query.s', '{:.3f}')} | "
       f"{ratio:.2f}x the warm in-process query | {heap('query')} |")
+print(f"| `query`, fresh process, right after the import (bank not in the page cache) | "
+      f"{fig('query_after_import.s', '{:.3f}')} | | {heap('query_after_import')} |")
 print(f"| query in process: first / warm | {fig('query_first_inprocess.s', '{:.3f}')} / "
       f"{fig('query_warm_inprocess.s', '{:.3f}')} | | |")
 print(f"| `stats`, warm / cold cache | {fig('stats_warm.s', '{:.3f}')} / {fig('stats_cold.s', '{:.3f}')} | | {heap('stats_warm')} |")
