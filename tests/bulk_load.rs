@@ -172,7 +172,9 @@ fn a_load_is_all_or_nothing_and_names_the_bad_item() {
 /// the same nodes as loading the good batches one by one.
 #[test]
 fn batches_loaded_together_share_one_checkpoint_and_fail_alone() {
-    use deltamem::storage::{CountingStorage, MemStorage, WAL_TMP_FILE};
+    use deltamem::storage::{
+        CountingStorage, MANIFEST_FILE, MANIFEST_TMP_FILE, MemStorage, OpenMode, Storage, WAL_TMP_FILE,
+    };
     use std::sync::Arc;
     let storage = Arc::new(CountingStorage::new(MemStorage::new()));
     let mut bank = Bank::create(storage.clone(), config(Precision::F32)).unwrap();
@@ -188,12 +190,16 @@ fn batches_loaded_together_share_one_checkpoint_and_fail_alone() {
     let refs: Vec<(&[Change], &[f32])> = batches.iter().map(|(c, v)| (c.as_slice(), v.as_slice())).collect();
     storage.reset();
     let results = bank.load_columns(&refs).unwrap();
-    // A checkpoint writes one new WAL header (64 bytes) to wal.tmp.
-    assert_eq!(
-        storage.counts().written_bytes.get(WAL_TMP_FILE),
-        Some(&64),
-        "one checkpoint"
-    );
+    // A checkpoint writes one manifest to MANIFEST.tmp. With no WAL
+    // record to retire it keeps the WAL (no new header in wal.tmp).
+    let manifest_bytes = storage
+        .open(MANIFEST_FILE, OpenMode::Read)
+        .unwrap()
+        .len_bytes()
+        .unwrap();
+    let written = storage.counts().written_bytes;
+    assert_eq!(written.get(MANIFEST_TMP_FILE), Some(&manifest_bytes), "one checkpoint");
+    assert_eq!(written.get(WAL_TMP_FILE), None, "the WAL stays");
     assert!(
         matches!(&results[1], Err(BankError::BatchItem { position: 4, .. })),
         "{:?}",
@@ -283,16 +289,36 @@ fn a_read_only_handle_cannot_load() {
 /// neither writes nor freezes.
 #[test]
 fn a_failed_load_shows_what_a_restart_finds() {
+    // A load after a WAL record retires the WAL (a new one after the
+    // manifest, which can fail after the commit); a load alone keeps it.
+    let (taken_back, acked_despite_failure, clean) = fail_each_step_of_a_load(true);
+    assert!(taken_back > 10, "{taken_back}");
+    assert!(acked_despite_failure > 0);
+    assert_eq!(clean, 1);
+    let (taken_back, acked_despite_failure, clean) = fail_each_step_of_a_load(false);
+    assert!(taken_back > 10, "{taken_back}");
+    assert_eq!(acked_despite_failure, 0, "nothing is written after the manifest");
+    assert_eq!(clean, 1);
+}
+
+/// Fails each I/O operation of a load in turn (after a WAL record, with
+/// `after_record`); how often the load was taken back, acked despite a
+/// failure, and ran clean. What the handle shows is what a restart finds.
+fn fail_each_step_of_a_load(after_record: bool) -> (usize, usize, usize) {
     use deltamem::storage::{FaultKind, FaultPlan, Loss, SimStorage};
     use std::sync::Arc;
 
     let first = inserts(0..3);
-    let more = inserts(3..9);
+    let more = inserts(4..9);
     let (mut taken_back, mut acked_despite_failure, mut clean) = (0, 0, 0);
     for j in 0.. {
         let storage = SimStorage::new();
         let mut bank = Bank::create(Arc::new(storage.clone()), config(Precision::Int8)).unwrap();
         bank.load(&first).unwrap();
+        match after_record {
+            true => bank.transact(&inserts(3..4), None).map(drop).unwrap(),
+            false => bank.load(&inserts(3..4)).map(drop).unwrap(),
+        }
         let before = node_snapshot(&bank);
         let at_op = storage.op_count() + j;
         storage.set_plan(Some(FaultPlan {
@@ -346,11 +372,7 @@ fn a_failed_load_shows_what_a_restart_finds() {
         }
         assert!(j < 200, "the load should finish without a fault by now");
     }
-    // Every branch was taken: rolled back, committed despite a late
-    // failure (the new WAL), and the clean run.
-    assert!(taken_back > 10, "{taken_back}");
-    assert!(acked_despite_failure > 0);
-    assert_eq!(clean, 1);
+    (taken_back, acked_despite_failure, clean)
 }
 
 /// A row of `dim` components drawn from a generator seeded by `k`, and (with `bulky`)
