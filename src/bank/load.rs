@@ -280,3 +280,52 @@ fn write_pieces(
     }
     Ok(writer)
 }
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use crate::format::row::Label;
+    use crate::storage::fs::cache_probe::{cached_pages, direct_writes_bypass_the_cache};
+    use crate::storage::{AlignedBuf, vector_segment_file};
+    use crate::{Attach, Bank, BankConfig, Change, NewNode, OpenOptions};
+
+    /// A load's vectors go around the page cache (where the file system
+    /// keeps direct writes out of it), and read back whole.
+    #[test]
+    fn a_load_leaves_its_vectors_out_of_the_page_cache() {
+        const DIM: usize = 1024; // 4 KiB rows: every piece is whole blocks
+        const ROWS: usize = 3000; // two pieces of 1,024 rows and a short one
+        let dir = tempfile::tempdir().unwrap();
+        let mut bank = Bank::create_dir(dir.path(), BankConfig::new(DIM as u32)).unwrap();
+        let column: Vec<f32> = (0..ROWS * DIM).map(|i| ((i * 7919) % 1013) as f32 - 500.0).collect();
+        let node = |k: usize| NewNode {
+            tree: "task".into(),
+            attach: Attach::Root,
+            label: Label::Success,
+            payload: crate::Payload {
+                scenario: format!("row {k}"),
+                fields: Default::default(),
+            },
+            embedding: Vec::new(),
+            external_id: None,
+        };
+        let changes: Vec<Change> = (0..ROWS).map(|k| Change::Insert(node(k))).collect();
+        bank.load_column(&changes, &column).unwrap();
+        let probe = AlignedBuf::new(4096);
+        if direct_writes_bypass_the_cache(dir.path(), probe.get()) {
+            let cached = cached_pages(&dir.path().join(vector_segment_file(0, 0)));
+            assert_eq!(cached, 0, "vector pages in the page cache after a load");
+        } else {
+            eprintln!("O_DIRECT writes are cached on this file system: only the read-back is checked");
+        }
+        drop(bank);
+        let reopened = Bank::open_dir(dir.path(), OpenOptions::default()).unwrap();
+        assert!(reopened.verify().unwrap().problems.is_empty());
+        for k in [0, 1023, 1024, 2999] {
+            let stored = reopened.vector(k as u32).unwrap();
+            let raw = &column[k * DIM..(k + 1) * DIM];
+            let norm = raw.iter().map(|x| x * x).sum::<f32>().sqrt();
+            let cosine = stored.iter().zip(raw).map(|(s, r)| s * r).sum::<f32>() / norm;
+            assert!((cosine - 1.0).abs() < 1e-4, "row {k}: {cosine}");
+        }
+    }
+}

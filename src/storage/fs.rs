@@ -265,12 +265,15 @@ impl Storage for FileStorage {
     }
 }
 
+/// Page-cache probes for tests of the writes that bypass it.
 #[cfg(all(test, target_os = "linux"))]
-mod tests {
-    use super::*;
+pub(crate) mod cache_probe {
+    use std::fs::{File, OpenOptions};
+    use std::os::unix::fs::FileExt;
+    use std::path::Path;
 
     /// How many of the file's pages the page cache holds.
-    fn cached_pages(path: &Path) -> usize {
+    pub fn cached_pages(path: &Path) -> usize {
         use std::os::fd::AsRawFd;
         let file = File::open(path).unwrap();
         let len = file.metadata().unwrap().len() as usize;
@@ -298,7 +301,8 @@ mod tests {
     /// Whether this file system keeps an `O_DIRECT` write out of the page
     /// cache (some accept the flag and cache anyway, as tmpfs does), asked
     /// of it directly with a file of its own, not through `open_direct`.
-    fn direct_writes_bypass_the_cache(dir: &Path, block: &[u8]) -> bool {
+    /// `block`: 4 KiB-aligned memory, a whole number of 4 KiB blocks.
+    pub fn direct_writes_bypass_the_cache(dir: &Path, block: &[u8]) -> bool {
         use std::os::unix::fs::OpenOptionsExt;
         let probe = dir.join("probe");
         let opened = OpenOptions::new()
@@ -308,6 +312,12 @@ mod tests {
             .open(&probe);
         opened.is_ok_and(|f| f.write_all_at(block, 0).is_ok()) && cached_pages(&probe) == 0
     }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::cache_probe::{cached_pages, direct_writes_bypass_the_cache};
+    use super::*;
 
     /// An uncached file takes aligned writes around the page cache and
     /// unaligned ones through it, and reads back both, by read and map.

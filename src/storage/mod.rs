@@ -3,7 +3,7 @@
 
 mod aligned;
 mod counting;
-mod fs;
+pub(crate) mod fs;
 mod gated;
 mod mem;
 pub mod sim;
