@@ -199,33 +199,42 @@ impl Bank {
             },
             ..self.manifest.clone()
         };
-        replace_atomically_reporting(storage.as_ref(), MANIFEST_FILE, MANIFEST_TMP_FILE, &manifest.encode()).map_err(
-            |(e, renamed)| {
-                let published = if renamed { Published::Unknown } else { Published::No };
-                (e.into(), published)
-            },
-        )?;
-        if !keep_wal {
+        let renamed = replace_atomically_reporting(storage.as_ref(), MANIFEST_FILE, MANIFEST_TMP_FILE, &manifest.encode());
+        let failure = match renamed {
+            Ok(()) if keep_wal => None,
             // The new manifest is durable: from here on the old WAL is stale.
-            let wal = WalWriter::create(
-                storage.as_ref(),
-                WalHeader {
-                    salt: manifest.wal_salt,
-                    start_lsn: last_lsn + 1,
-                },
-            )
-            .map_err(|e| (e.into(), Published::Yes))?;
-            self.writer.as_mut().expect("writer").wal = wal;
-        }
+            Ok(()) => self.start_wal(&manifest).err().map(|e| (e, Published::Yes)),
+            Err((e, false)) => return Err((e.into(), Published::No)),
+            // Step 5 must wait for a durable rename: no new WAL.
+            Err((e, true)) => Some((e.into(), Published::Unknown)),
+        };
+        // The manifest is in place (for this kernel at least, and the
+        // bytes it counts are durable): the handle shows it, from the
+        // data files, even when the checkpoint then failed. A bulk load
+        // that handed its vectors off has no other copy of them.
         let count = manifest.node_count as u32;
         let trusted = self.base.trusted_after(count);
         self.base = Base::with_trust(storage.clone(), &manifest, &trusted);
         self.overlay.reset(count, manifest.payload_end_bytes);
         self.manifest = manifest;
+        if let Some(failure) = failure {
+            return Err(failure);
+        }
         // Everything committed is now in the data files and the new WAL
         // continues the LSN sequence right after it.
         assert!(self.overlay.is_empty() && self.last_lsn() == self.manifest.checkpoint_lsn);
         assert!(!self.writer.as_ref().expect("writer").wal.has_unsynced());
+        Ok(())
+    }
+
+    /// Step 5: a new WAL, header only, for the checkpoint `manifest`.
+    fn start_wal(&mut self, manifest: &Manifest) -> Result<(), BankError> {
+        let header = WalHeader {
+            salt: manifest.wal_salt,
+            start_lsn: manifest.checkpoint_lsn + 1,
+        };
+        let wal = WalWriter::create(self.storage.as_ref(), header)?;
+        self.writer.as_mut().expect("writer").wal = wal;
         Ok(())
     }
 

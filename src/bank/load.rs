@@ -71,18 +71,24 @@ impl Bank {
         let from_index = self.overlay.total_count();
         let writer = SegmentWriter::new(self.storage.clone(), &self.manifest, true);
         let mut feed = Feed::new(&self.manifest, from_index);
+        // Without auto attach nothing scans the staged nodes, so the
+        // overlay need not keep their vectors: they move to the writer
+        // thread (no copy, no fresh memory for a large load).
+        if !batches.iter().any(|(changes, _)| changes.iter().any(scans_overlay)) {
+            self.overlay.start_handoff();
+        }
         let (staged, written) = std::thread::scope(|scope| {
             let (jobs_tx, jobs_rx) = std::sync::mpsc::sync_channel(FEED_QUEUE_PIECES);
             let (spare_tx, spare_rx) = std::sync::mpsc::channel();
             let thread = scope.spawn(move || write_pieces(writer, jobs_rx, spare_tx));
             let staged = self.stage_batches(batches, &mut |ov| feed.offer(ov, false, &jobs_tx, &spare_rx));
             if staged.is_ok() {
-                feed.offer(&self.overlay, true, &jobs_tx, &spare_rx);
+                feed.offer(&mut self.overlay, true, &jobs_tx, &spare_rx);
             }
             drop(jobs_tx);
             (staged, thread.join().expect("the load's writer thread does not panic"))
         });
-        let (mut results, staged) = staged?;
+        let (mut results, staged) = staged.inspect_err(|_| self.overlay.handoff = None)?;
         let writer = match written {
             Ok(writer) => writer,
             Err(e) => {
@@ -91,12 +97,16 @@ impl Bank {
                     w.poisoned = Some(format!("checkpoint failed: {e}"));
                 }
                 self.unstage_all(staged)?;
+                self.overlay.handoff = None;
                 return Err(e);
             }
         };
-        let mut acks = self
-            .commit_loaded(staged, VectorWrites::Prewritten { from_index, writer })?
-            .into_iter();
+        // The checkpoint empties the overlay, or undoes the load, or (a
+        // failure after its manifest) takes the new nodes from the data
+        // files: no handed-off vector is asked for after this.
+        let committed = self.commit_loaded(staged, VectorWrites::Prewritten { from_index, writer });
+        self.overlay.handoff = None;
+        let mut acks = committed?.into_iter();
         for result in results.iter_mut().filter(|r| r.is_ok()) {
             *result = Ok(acks.next().expect("one ack list per staged batch"));
         }
@@ -109,7 +119,7 @@ impl Bank {
     fn stage_batches(
         &mut self,
         batches: &[(&[Change], Option<&[f32]>)],
-        staged: &mut dyn FnMut(&Overlay),
+        staged: &mut dyn FnMut(&mut Overlay),
     ) -> Result<(Vec<BatchResult>, Vec<Txn>), BankError> {
         let mut results = Vec::with_capacity(batches.len());
         let mut txns = Vec::with_capacity(batches.len());
@@ -124,7 +134,7 @@ impl Bank {
                     // Undone: shown at once, so that the watcher knows the
                     // indexes from here on are free before the next batch
                     // fills them.
-                    staged(&self.overlay);
+                    staged(&mut self.overlay);
                     results.push(Err(e));
                     continue;
                 }
@@ -220,17 +230,22 @@ const FEED_QUEUE_PIECES: usize = 2;
 /// Hands the vectors of a load's staged nodes to its writer thread, in
 /// pieces of `SegmentWriter::piece_rows` that end on multiples of it (so
 /// each is whole aligned blocks, written around the page cache), as the
-/// overlay grows. Copies each piece out of the overlay: the writer thread
-/// cannot read the overlay while this thread extends it.
+/// overlay grows. With a `Handoff` the pending vectors move over whole;
+/// otherwise each piece is copied out of the overlay, since the writer
+/// thread cannot read the overlay while this thread extends it.
 struct Feed {
     piece_rows: u32,
     dim_count: usize,
-    /// The nodes from the load's first up to here were sent, their
-    /// vectors as they are now in the overlay.
+    /// Without a handoff: the nodes from the load's first up to here were
+    /// sent, their vectors as they are now in the overlay.
     sent_end: u32,
     /// The writer thread has stopped (failed): send nothing more.
     stopped: bool,
 }
+
+/// One piece for the writer thread: the index of its first node and the
+/// vectors of consecutive nodes from there.
+type Piece = (u32, Vec<f32>);
 
 impl Feed {
     fn new(manifest: &Manifest, from_index: u32) -> Feed {
@@ -244,26 +259,48 @@ impl Feed {
 
     /// Sends the staged nodes not sent yet, up to the last piece boundary
     /// (`all`: every one). A batch undone after some of its nodes were sent
-    /// brings the overlay below `sent_end`: those indexes are sent again,
-    /// with the nodes staged there next, and the later write wins.
-    fn offer(&mut self, overlay: &Overlay, all: bool, jobs: &SyncSender<(u32, Vec<f32>)>, spare: &Receiver<Vec<f32>>) {
+    /// brings the overlay below what was sent: those indexes are sent
+    /// again, with the nodes staged there next, and the later write wins.
+    fn offer(&mut self, overlay: &mut Overlay, all: bool, jobs: &SyncSender<Piece>, spare: &Receiver<Vec<f32>>) {
         let total = overlay.total_count();
-        self.sent_end = self.sent_end.min(total);
         let end = match all {
             true => total,
             false => total - total % self.piece_rows,
         };
-        if end <= self.sent_end || self.stopped {
-            return;
-        }
-        let dim = self.dim_count;
-        let at = (self.sent_end - overlay.base_count) as usize * dim;
-        let mut piece = spare.try_recv().unwrap_or_default();
-        piece.clear();
-        piece.extend_from_slice(&overlay.vectors[at..at + (end - self.sent_end) as usize * dim]);
-        self.stopped = jobs.send((self.sent_end, piece)).is_err();
-        self.sent_end = end;
+        let (dim, base) = (self.dim_count, overlay.base_count);
+        let piece = match overlay.handoff.as_mut() {
+            Some(h) if end > h.pending_from && !self.stopped => {
+                let mut piece = spare.try_recv().unwrap_or_default();
+                piece.clear();
+                let first = h.pending_from;
+                match end == total {
+                    true => std::mem::swap(&mut piece, &mut h.pending),
+                    false => piece.extend(h.pending.drain(..(end - first) as usize * dim)),
+                }
+                h.pending_from = end;
+                (first, piece)
+            }
+            Some(_) => return,
+            None => {
+                self.sent_end = self.sent_end.min(total);
+                if end <= self.sent_end || self.stopped {
+                    return;
+                }
+                let at = (self.sent_end - base) as usize * dim;
+                let mut piece = spare.try_recv().unwrap_or_default();
+                piece.clear();
+                piece.extend_from_slice(&overlay.vectors[at..at + (end - self.sent_end) as usize * dim]);
+                let first = std::mem::replace(&mut self.sent_end, end);
+                (first, piece)
+            }
+        };
+        self.stopped = jobs.send(piece).is_err();
     }
+}
+
+/// Whether staging `change` scans the overlay's vectors (auto attach).
+fn scans_overlay(change: &Change) -> bool {
+    matches!(change, Change::Insert(node) | Change::Import(node, _) if node.attach == crate::Attach::Auto)
 }
 
 /// The load's writer thread: writes each piece of vectors at its place,
@@ -271,7 +308,7 @@ impl Feed {
 /// the checkpoint fsyncs) or the first error.
 fn write_pieces(
     mut writer: SegmentWriter,
-    jobs: Receiver<(u32, Vec<f32>)>,
+    jobs: Receiver<Piece>,
     spare: Sender<Vec<f32>>,
 ) -> Result<SegmentWriter, BankError> {
     for (first, values) in jobs {

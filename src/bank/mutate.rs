@@ -332,17 +332,17 @@ impl Bank {
         column: Option<&[f32]>,
         encode: bool,
     ) -> Result<Txn, BankError> {
-        self.stage_all_watched(changes, column, encode, &mut |_| {})
+        self.stage_all_watched(changes, column, encode, &mut |_: &mut Overlay| {})
     }
 
-    /// As `stage_all`, showing the overlay to `staged` after each change
+    /// As `stage_all`, handing the overlay to `staged` after each change
     /// is staged (a bulk load hands new vectors to its writer thread).
     pub(super) fn stage_all_watched(
         &mut self,
         changes: &[Change],
         column: Option<&[f32]>,
         encode: bool,
-        staged: &mut dyn FnMut(&Overlay),
+        staged: &mut dyn FnMut(&mut Overlay),
     ) -> Result<Txn, BankError> {
         let record = match encode {
             true => self.record_buffer(),
@@ -363,7 +363,7 @@ impl Bank {
                     error: Box::new(e),
                 });
             }
-            staged(&self.overlay);
+            staged(&mut self.overlay);
         }
         Ok(txn)
     }

@@ -22,6 +22,23 @@ pub(crate) struct Overlay {
     pub patched: BTreeMap<u32, Row>,
     /// End of the payload log once the new nodes' records are appended.
     pub payload_end_bytes: u64,
+    /// Set only inside a bulk load whose nodes need no scan of the
+    /// overlay (no auto attach): their vectors are handed to the load's
+    /// writer thread instead of being kept (`vectors` then ends at
+    /// `Handoff::from`).
+    pub handoff: Option<Handoff>,
+}
+
+/// The vectors of the nodes from `from` on, which a bulk load hands to
+/// its writer thread as it stages them instead of keeping them: of those,
+/// `pending` holds the ones not handed over yet, nodes `pending_from..`.
+/// No one reads the others until the load's checkpoint has put them in
+/// the data files (and emptied the overlay).
+#[derive(Debug, Default)]
+pub(crate) struct Handoff {
+    pub from: u32,
+    pub pending_from: u32,
+    pub pending: Vec<f32>,
 }
 
 /// Enough to undo a partly applied transaction.
@@ -81,8 +98,24 @@ impl Overlay {
     /// Vector of a new node (index >= base_count).
     pub fn vector(&self, index: u32) -> &[f32] {
         let dim = self.dim_count as usize;
+        if let Some(h) = self.handoff.as_ref().filter(|h| index >= h.from) {
+            assert!(index >= h.pending_from, "node {index}'s vector went to a load's writer");
+            let at = (index - h.pending_from) as usize * dim;
+            return &h.pending[at..at + dim];
+        }
         let at = (index - self.base_count) as usize * dim;
         &self.vectors[at..at + dim]
+    }
+
+    /// Starts handing the vectors of nodes staged from now on to a load's
+    /// writer (`Handoff`).
+    pub fn start_handoff(&mut self) {
+        let from = self.total_count();
+        self.handoff = Some(Handoff {
+            from,
+            pending_from: from,
+            pending: Vec::new(),
+        });
     }
 
     pub fn payload_record(&self, index: u32) -> &[u8] {
@@ -103,7 +136,10 @@ impl Overlay {
         assert_eq!(row.payload_offset_bytes, self.payload_end_bytes);
         self.payload_end_bytes += payload_record.len() as u64;
         self.rows.push(row);
-        self.vectors.extend_from_slice(vector);
+        match self.handoff.as_mut() {
+            Some(h) => h.pending.extend_from_slice(vector),
+            None => self.vectors.extend_from_slice(vector),
+        }
         self.payloads.push(payload_record);
     }
 
@@ -136,6 +172,19 @@ impl Overlay {
         self.rows.truncate(mark.rows_len);
         self.payloads.truncate(mark.rows_len);
         self.vectors.truncate(mark.rows_len * self.dim_count as usize);
+        if let Some(h) = self.handoff.as_mut() {
+            // Nodes handed over past the mark come back as free indexes
+            // (their vectors are written again, see `load.rs`).
+            let end = self.base_count + mark.rows_len as u32;
+            h.from = h.from.min(end);
+            match end.checked_sub(h.pending_from) {
+                Some(kept) => h.pending.truncate(kept as usize * self.dim_count as usize),
+                None => {
+                    h.pending.clear();
+                    h.pending_from = end;
+                }
+            }
+        }
         self.payload_end_bytes = mark.payload_end_bytes;
     }
 }
