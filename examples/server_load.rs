@@ -451,11 +451,12 @@ fn complete_response(buf: &[u8]) -> Option<(u16, usize)> {
 fn print_insert_run(round: usize, clients: usize, r: &InsertRun) {
     let n = r.run.latencies_ms.len() as f64;
     println!(
-        "insert {clients:>2} clients (round {round}): {:>8.1} w/s  p50 {:>6.3} ms  p99 {:>6.3} ms  {:>6} inserts; \
+        "insert {clients:>2} clients (round {round}): {:>8.1} w/s  p50 {:>6.3} ms  p99 {:>6.3} ms  {:>4.1}% over 1 ms  {:>6} inserts; \
          CPU/insert {:>5.0} us = server {:>5.0} + clients {:>4.0}; switches {:.1} + {:.1}, {:.1} inserts/fsync, {:.1}/round; load {}",
         r.run.rate(),
         r.run.pct(0.5),
         r.run.pct(0.99),
+        100.0 * r.run.latencies_ms.iter().filter(|&&ms| ms > 1.0).count() as f64 / n.max(1.0),
         n,
         r.per_insert_us(r.run.cpu_seconds),
         r.per_insert_us(r.server_cpu_s),
