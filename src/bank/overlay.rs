@@ -64,14 +64,17 @@ impl Overlay {
     /// cost more in page faults than filling them. 64 MiB covers what the
     /// default checkpoint threshold (a 64 MiB WAL) lets accumulate, so a
     /// stream of WAL inserts reuses it too; it is what the overlay held
-    /// just before the checkpoint, so the peak does not grow.
+    /// just before the checkpoint, so the peak does not grow. A larger
+    /// buffer is cut down to that much rather than dropped: the WAL's
+    /// 64 MiB of 768-dim inserts (~21k nodes) grow the buffer by doubling
+    /// past 64 MiB (to 100 MiB at 16,385 nodes), and dropping it made
+    /// every checkpoint cycle of a server under inserts fault its vector
+    /// pages in afresh (2-3% of the CPU of a durable insert).
     pub fn reset(&mut self, base_count: u32, payload_end_bytes: u64) {
         const KEPT_VECTOR_BYTES: usize = 64 << 20;
         let mut vectors = std::mem::take(&mut self.vectors);
         vectors.clear();
-        if vectors.capacity() * size_of::<f32>() > KEPT_VECTOR_BYTES {
-            vectors = Vec::new();
-        }
+        vectors.shrink_to(KEPT_VECTOR_BYTES / size_of::<f32>());
         *self = Overlay {
             vectors,
             ..Overlay::new(base_count, self.dim_count, payload_end_bytes)
@@ -186,5 +189,25 @@ impl Overlay {
             }
         }
         self.payload_end_bytes = mark.payload_end_bytes;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A vector buffer grown past the kept size keeps that much across a
+    /// reset (not nothing), and a smaller one keeps all of it.
+    #[test]
+    fn reset_keeps_at_most_the_kept_vector_memory() {
+        let mut overlay = Overlay::new(0, 4, 0);
+        // Capacity only: no page of it is touched.
+        overlay.vectors = Vec::with_capacity(25 << 20);
+        overlay.reset(10, 0);
+        assert_eq!(overlay.vectors.capacity(), 16 << 20, "cut to 64 MiB of f32");
+        assert_eq!((overlay.base_count, overlay.vectors.len()), (10, 0));
+        overlay.vectors = Vec::with_capacity(1000);
+        overlay.reset(20, 0);
+        assert!(overlay.vectors.capacity() >= 1000);
     }
 }

@@ -1,10 +1,10 @@
 //! The one bank a server process owns, shared by every request.
 //!
 //! Writes go to one writer thread through a queue; it applies them in
-//! rounds under the exclusive lock without an fsync, and a syncer thread
-//! makes them durable and answers them (`commit`): concurrent durable
-//! writes share an fsync (group commit) and queries never wait for the
-//! disk. Queries on a
+//! rounds under the exclusive lock without an fsync, then makes them
+//! durable with one fsync outside the lock and answers them (`commit`):
+//! concurrent durable writes share an fsync (group commit) and queries
+//! never wait for the disk. Queries on a
 //! tree go through a per-tree queue (`batcher`): while one pass is being
 //! scored the next one gathers, and each is scored in one pass over the
 //! column (`Bank::query_batch`).
@@ -63,7 +63,7 @@ pub struct ChangeEvent {
     pub last_lsn: u64,
 }
 
-/// State the writer and syncer threads share with the request handlers.
+/// State the writer thread shares with the request handlers.
 pub(super) struct Shared {
     pub bank: RwLock<Bank>,
     pub metrics: Arc<Metrics>,
