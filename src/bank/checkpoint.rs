@@ -199,7 +199,8 @@ impl Bank {
             },
             ..self.manifest.clone()
         };
-        let renamed = replace_atomically_reporting(storage.as_ref(), MANIFEST_FILE, MANIFEST_TMP_FILE, &manifest.encode());
+        let renamed =
+            replace_atomically_reporting(storage.as_ref(), MANIFEST_FILE, MANIFEST_TMP_FILE, &manifest.encode());
         let failure = match renamed {
             Ok(()) if keep_wal => None,
             // The new manifest is durable: from here on the old WAL is stale.

@@ -613,7 +613,10 @@ impl Bank {
                     slots.push((chunk_at + i) as u32);
                 }
             }
-            assert!(self.overlay.handoff.is_none(), "no scan while a load hands its vectors off");
+            assert!(
+                self.overlay.handoff.is_none(),
+                "no scan while a load hands its vectors off"
+            );
             let rows = Rows {
                 bytes: bytemuck::cast_slice(&self.overlay.vectors),
                 stride_bytes: dim * 4,
