@@ -25,7 +25,7 @@
 #               then its disk peer: the bytes the import wrote (the bank's
 #               size) written to one file in 4 MiB writes with an
 #               fdatasync after each group's share, as the import makes
-#               each group of batches (4,096 rows each, together >= 32 MiB
+#               each group of batches (4,096 rows each, together >= 64 MiB
 #               of f32 vectors: LOAD_GROUP_BYTES) durable before the next
 #   query       one query (k = 10, one thread) in a fresh process right
 #               after the import (the bank not in the page cache: a load
@@ -152,7 +152,7 @@ for round in $(seq 1 "$ROUNDS"); do
     record import.rows_s "$(calc "$ROWS / $(last import.s)")"
     bank_bytes=$(du -sb "$BANK" | cut -f1)
     record bank.mb "$(calc "$bank_bytes / 1000000")"
-    group_batches=$(( (33554432 + 4096 * DIM * 4 - 1) / (4096 * DIM * 4) ))
+    group_batches=$(( (67108864 + 4096 * DIM * 4 - 1) / (4096 * DIM * 4) ))
     group_rows=$(( 4096 * group_batches ))
     peer_s=$(python3 - "$WORK/peer.tmp" "$bank_bytes" $(( (ROWS + group_rows - 1) / group_rows )) <<'EOF'
 import os, sys, time

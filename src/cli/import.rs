@@ -38,7 +38,7 @@ pub struct ImportArgs {
     pub meta: Option<PathBuf>,
     /// Nodes per atomic batch. With --npy and 256 or more: one bulk load,
     /// written straight to the data files and durable before its lines are
-    /// printed (batches share a checkpoint per 32 MiB of vectors);
+    /// printed (batches share a checkpoint per 64 MiB of vectors);
     /// otherwise one WAL record.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=65535))]
     pub batch: u32,
