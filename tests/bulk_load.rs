@@ -407,6 +407,18 @@ fn wide_node(k: usize, dim: usize, bulky: bool) -> NewNode {
     }
 }
 
+/// Two empty banks of `dim` and `precision` in directories of their own,
+/// with segments of 1,500 rows (so large loads cross segment edges).
+fn two_banks(dim: usize, precision: Precision) -> (tempfile::TempDir, tempfile::TempDir, Bank, Bank) {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut c = BankConfig::new(dim as u32);
+    c.rows_per_segment = Some(1500);
+    c.precision = precision;
+    let first = Bank::create_dir(a.path(), c.clone()).unwrap();
+    let second = Bank::create_dir(b.path(), c).unwrap();
+    (a, b, first, second)
+}
+
 /// Loads large enough for several writes per file: strides with and
 /// without padding, every precision, segment boundaries inside the load,
 /// ~6 MB of payloads. Equal to the same nodes through the WAL; intact
@@ -416,12 +428,7 @@ fn big_loads_equal_transactions() {
     for dim in [1024usize, 1000] {
         for precision in [Precision::F32, Precision::F16, Precision::Int8] {
             let what = format!("dim {dim} {precision:?}");
-            let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-            let mut c = BankConfig::new(dim as u32);
-            c.rows_per_segment = Some(1500);
-            c.precision = precision;
-            let mut logged = Bank::create_dir(a.path(), c.clone()).unwrap();
-            let mut loaded = Bank::create_dir(b.path(), c).unwrap();
+            let (_a, b, mut logged, mut loaded) = two_banks(dim, precision);
             let first: Vec<Change> = (0..3).map(|k| Change::Insert(wide_node(k, dim, false))).collect();
             logged.transact(&first, None).unwrap();
             loaded.transact(&first, None).unwrap();
@@ -460,12 +467,7 @@ fn a_refused_batch_leaves_no_vectors_behind_for_the_next() {
     let dim = 1000; // a padded stride: 4,032 bytes in f32
     for precision in [Precision::F32, Precision::F16, Precision::Int8] {
         let what = format!("{precision:?}");
-        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let mut c = BankConfig::new(dim as u32);
-        c.rows_per_segment = Some(1500);
-        c.precision = precision;
-        let mut logged = Bank::create_dir(a.path(), c.clone()).unwrap();
-        let mut loaded = Bank::create_dir(b.path(), c).unwrap();
+        let (_a, b, mut logged, mut loaded) = two_banks(dim, precision);
         let wide = |range: std::ops::Range<usize>| -> Vec<Change> {
             range.map(|k| Change::Insert(wide_node(k, dim, false))).collect()
         };
