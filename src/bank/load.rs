@@ -268,10 +268,15 @@ impl Feed {
             false => total - total % self.piece_rows,
         };
         let (dim, base) = (self.dim_count, overlay.base_count);
+        // A buffer the writer thread is done with: its pages are in use.
+        let buffer = || {
+            let mut piece = spare.try_recv().unwrap_or_default();
+            piece.clear();
+            piece
+        };
         let piece = match overlay.handoff.as_mut() {
             Some(h) if end > h.pending_from && !self.stopped => {
-                let mut piece = spare.try_recv().unwrap_or_default();
-                piece.clear();
+                let mut piece = buffer();
                 let first = h.pending_from;
                 match end == total {
                     true => std::mem::swap(&mut piece, &mut h.pending),
@@ -287,8 +292,7 @@ impl Feed {
                     return;
                 }
                 let at = (self.sent_end - base) as usize * dim;
-                let mut piece = spare.try_recv().unwrap_or_default();
-                piece.clear();
+                let mut piece = buffer();
                 piece.extend_from_slice(&overlay.vectors[at..at + (end - self.sent_end) as usize * dim]);
                 let first = std::mem::replace(&mut self.sent_end, end);
                 (first, piece)

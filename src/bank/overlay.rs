@@ -23,20 +23,18 @@ pub(crate) struct Overlay {
     /// End of the payload log once the new nodes' records are appended.
     pub payload_end_bytes: u64,
     /// Set only inside a bulk load whose nodes need no scan of the
-    /// overlay (no auto attach): their vectors are handed to the load's
-    /// writer thread instead of being kept (`vectors` then ends at
-    /// `Handoff::from`).
+    /// overlay (no auto attach): the vectors of nodes staged after
+    /// `vectors` ends are handed to the load's writer thread instead of
+    /// being kept.
     pub handoff: Option<Handoff>,
 }
 
-/// The vectors of the nodes from `from` on, which a bulk load hands to
-/// its writer thread as it stages them instead of keeping them: of those,
+/// The vectors a bulk load hands to its writer thread as it stages them:
 /// `pending` holds the ones not handed over yet, nodes `pending_from..`.
 /// No one reads the others until the load's checkpoint has put them in
 /// the data files (and emptied the overlay).
 #[derive(Debug, Default)]
 pub(crate) struct Handoff {
-    pub from: u32,
     pub pending_from: u32,
     pub pending: Vec<f32>,
 }
@@ -101,7 +99,8 @@ impl Overlay {
     /// Vector of a new node (index >= base_count).
     pub fn vector(&self, index: u32) -> &[f32] {
         let dim = self.dim_count as usize;
-        if let Some(h) = self.handoff.as_ref().filter(|h| index >= h.from) {
+        let kept_end = self.base_count + (self.vectors.len() / dim) as u32;
+        if let Some(h) = self.handoff.as_ref().filter(|_| index >= kept_end) {
             assert!(index >= h.pending_from, "node {index}'s vector went to a load's writer");
             let at = (index - h.pending_from) as usize * dim;
             return &h.pending[at..at + dim];
@@ -113,10 +112,8 @@ impl Overlay {
     /// Starts handing the vectors of nodes staged from now on to a load's
     /// writer (`Handoff`).
     pub fn start_handoff(&mut self) {
-        let from = self.total_count();
         self.handoff = Some(Handoff {
-            from,
-            pending_from: from,
+            pending_from: self.total_count(),
             pending: Vec::new(),
         });
     }
@@ -179,7 +176,6 @@ impl Overlay {
             // Nodes handed over past the mark come back as free indexes
             // (their vectors are written again, see `load.rs`).
             let end = self.base_count + mark.rows_len as u32;
-            h.from = h.from.min(end);
             match end.checked_sub(h.pending_from) {
                 Some(kept) => h.pending.truncate(kept as usize * self.dim_count as usize),
                 None => {

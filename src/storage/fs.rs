@@ -100,10 +100,10 @@ impl StorageFile for RealFile {
         //   nodes past this handle's `node_count`, which this handle never
         //   reads (a load writes them with `O_DIRECT`; the kernel drops the
         //   cached pages such a write covers, so a later read of them
-        //   through the mapping sees the new bytes). And it rewrites rows of existing nodes in place, whole
-        //   128-byte images with a fresh CRC, where only `success_hits`,
-        //   `retrievals`, `flags` and `link` differ from before; vectors
-        //   are never rewritten.
+        //   through the mapping sees the new bytes). And it rewrites rows
+        //   of existing nodes in place, whole 128-byte images with a fresh
+        //   CRC, where only `success_hits`, `retrievals`, `flags` and
+        //   `link` differ from before; vectors are never rewritten.
         // * Rows and vectors are CRC-checked when the segment is first
         //   mapped and `Bank::row` re-checks a row's CRC on every read, so
         //   a row caught mid-rewrite is an error there (readers retry it),

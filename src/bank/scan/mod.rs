@@ -600,6 +600,10 @@ impl Bank {
         let dim = self.manifest.dim_count as usize;
         let from = indices.start.saturating_sub(self.overlay.base_count) as usize;
         let to = (indices.end.saturating_sub(self.overlay.base_count) as usize).min(self.overlay.rows.len());
+        assert!(
+            self.overlay.handoff.is_none(),
+            "no scan while a load hands its vectors off"
+        );
         let mut slots = Vec::with_capacity(CHUNK_ROWS);
         let mut scores = vec![0.0f32; CHUNK_ROWS * queries.len()];
         for chunk_at in (from..to).step_by(CHUNK_ROWS) {
@@ -613,10 +617,6 @@ impl Bank {
                     slots.push((chunk_at + i) as u32);
                 }
             }
-            assert!(
-                self.overlay.handoff.is_none(),
-                "no scan while a load hands its vectors off"
-            );
             let rows = Rows {
                 bytes: bytemuck::cast_slice(&self.overlay.vectors),
                 stride_bytes: dim * 4,
