@@ -6,6 +6,7 @@
 //!   - the library call `Bank::query` (the peer the server is compared to);
 //!   - single HTTP queries with 1, 8 and 32 concurrent clients;
 //!   - durable single-node inserts (sync always) with 1, 8 and 32 clients,
+//!     once with embeddings as JSON arrays and once as base64 (`INSERT_SPELLING`),
 //!     into a second, empty bank: each run lasts `INSERT_RUN` (at most
 //!     `INSERT_RUN_MAX` inserts), the three client counts are run in turn
 //!     `INSERT_ROUNDS` times (default 3) and the medians compared; each
@@ -34,6 +35,7 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use deltamem::api::embedding::encode_base64_f32;
 use deltamem::server::{Limits, ServeConfig, serve};
 use deltamem::storage::sim::Rng;
 use deltamem::{Attach, Bank, BankConfig, Change, Label, NewNode, OpenOptions, Payload, QueryOptions, SyncPolicy};
@@ -256,7 +258,7 @@ impl InsertRun {
 /// Durable single-node inserts with 1, 8 and 32 clients into `empty`,
 /// `rounds` times over (1, 8, 32, 1, 8, 32, ...: the rounds see the same
 /// machine load); returns each client count's runs.
-fn insert_phase(empty: &Path, rounds: usize, counts: &[usize]) -> BTreeMap<usize, Vec<InsertRun>> {
+fn insert_phase(empty: &Path, spelling: &str, rounds: usize, counts: &[usize]) -> BTreeMap<usize, Vec<InsertRun>> {
     let base = start(empty);
     let addr = base.strip_prefix("http://").unwrap();
     // Requests are made before the clock starts: the load generator shares
@@ -265,7 +267,7 @@ fn insert_phase(empty: &Path, rounds: usize, counts: &[usize]) -> BTreeMap<usize
     let requests: Vec<Vec<Vec<u8>>> = (0..32)
         .map(|c| {
             (0..BODIES_PER_CLIENT)
-                .map(|i| post_request(addr, "/v1/nodes", &insert_body(c, i)))
+                .map(|i| post_request(addr, "/v1/nodes", &insert_body(c, i, spelling)))
                 .collect()
         })
         .collect();
@@ -273,17 +275,25 @@ fn insert_phase(empty: &Path, rounds: usize, counts: &[usize]) -> BTreeMap<usize
     for round in 0..rounds {
         for &clients in counts {
             let run = insert_run(&base, addr, clients, &requests);
-            print_insert_run(round, clients, &run);
+            print_insert_run(spelling, round, clients, &run);
             runs.entry(clients).or_default().push(run);
         }
     }
     runs
 }
 
-fn insert_body(c: usize, i: usize) -> String {
+/// An insert body with its embedding spelled as a JSON array (each f32
+/// in the shortest decimal that reads back exactly, ~10 KB for 768) or
+/// as base64 of its little-endian bytes (4 KB).
+fn insert_body(c: usize, i: usize, spelling: &str) -> String {
     let mut r = Rng((c * 100_000 + i) as u64 + 1);
+    let v = random_unit(&mut r);
+    let embedding = match spelling {
+        "base64" => serde_json::json!(encode_base64_f32(&v)),
+        _ => serde_json::json!(v),
+    };
     serde_json::json!({"tree": "task", "attach": "root", "label": "SUCCESS",
-        "scenario": format!("c{c} i{i}"), "payload": {}, "embedding": random_unit(&mut r)})
+        "scenario": format!("c{c} i{i}"), "payload": {}, "embedding": embedding})
     .to_string()
 }
 
@@ -448,10 +458,10 @@ fn complete_response(buf: &[u8]) -> Option<(u16, usize)> {
     (buf.len() >= head + body).then_some((response.code.unwrap(), head + body))
 }
 
-fn print_insert_run(round: usize, clients: usize, r: &InsertRun) {
+fn print_insert_run(spelling: &str, round: usize, clients: usize, r: &InsertRun) {
     let n = r.run.latencies_ms.len() as f64;
     println!(
-        "insert {clients:>2} clients (round {round}): {:>8.1} w/s  p50 {:>6.3} ms  p99 {:>6.3} ms  {:>4.1}% over 1 ms  {:>6} inserts; \
+        "insert ({spelling}) {clients:>2} clients (round {round}): {:>8.1} w/s  p50 {:>6.3} ms  p99 {:>6.3} ms  {:>4.1}% over 1 ms  {:>6} inserts; \
          CPU/insert {:>5.0} us = server {:>5.0} + clients {:>4.0}; switches {:.1} + {:.1}, {:.1} inserts/fsync, {:.1}/round; load {}",
         r.run.rate(),
         r.run.pct(0.5),
@@ -535,6 +545,36 @@ fn load_average() -> String {
         .to_string()
 }
 
+/// Prints each client count's medians; the ratio target when both 1 and
+/// 32 clients ran.
+fn insert_summary(
+    runs: &BTreeMap<usize, Vec<InsertRun>>,
+    spelling: &str,
+    rounds: usize,
+    counts: &[usize],
+) -> Option<String> {
+    let rate = |clients: usize| median(runs[&clients].iter().map(|r| r.run.rate()).collect());
+    let cpu_us = |clients: usize, part: fn(&InsertRun) -> f64| {
+        median(runs[&clients].iter().map(|r| r.per_insert_us(part(r))).collect())
+    };
+    for &clients in counts {
+        println!(
+            "insert ({spelling}) {clients:>2} clients, median of {rounds}: {:>8.1} w/s, CPU/insert server {:.0} us + clients {:.0} us",
+            rate(clients),
+            cpu_us(clients, |r| r.server_cpu_s),
+            cpu_us(clients, |r| r.client_cpu_s)
+        );
+    }
+    if !(runs.contains_key(&1) && runs.contains_key(&32)) {
+        return None;
+    }
+    let ratio = rate(32) / rate(1);
+    let verdict = if ratio >= 10.0 { "met" } else { "NOT met" };
+    Some(format!(
+        "32-client durable inserts, embeddings as {spelling} = {ratio:.1}x the 1-client rate, medians (>= 10x): {verdict}"
+    ))
+}
+
 fn main() {
     let nodes: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(100_000);
     let phases = std::env::args()
@@ -542,12 +582,8 @@ fn main() {
         .unwrap_or_else(|| "overhead,batch,query,insert".into());
     let wants = |phase: &str| phases.split(',').any(|p| p == phase);
     let dir = tempfile::tempdir().unwrap();
-    let (big, empty) = (dir.path().join("big"), dir.path().join("empty"));
+    let big = dir.path().join("big");
     build_bank(&big, nodes);
-    Bank::create_dir(&empty, BankConfig::new(DIM as u32))
-        .unwrap()
-        .close()
-        .unwrap();
     let mut rng = Rng(11);
     let queries: Vec<Vec<f32>> = (0..64).map(|_| random_unit(&mut rng)).collect();
     let bodies: Vec<String> = queries
@@ -598,25 +634,16 @@ fn main() {
                     .collect()
             })
             .unwrap_or_else(|| vec![1, 8, 32]);
-        let runs = insert_phase(&empty, rounds, &counts);
-        let rate = |clients: usize| median(runs[&clients].iter().map(|r| r.run.rate()).collect());
-        let cpu_us = |clients: usize, part: fn(&InsertRun) -> f64| {
-            median(runs[&clients].iter().map(|r| r.per_insert_us(part(r))).collect())
-        };
-        for &clients in &counts {
-            println!(
-                "insert {clients:>2} clients, median of {rounds}: {:>8.1} w/s, CPU/insert server {:.0} us + clients {:.0} us",
-                rate(clients),
-                cpu_us(clients, |r| r.server_cpu_s),
-                cpu_us(clients, |r| r.client_cpu_s)
-            );
-        }
-        if runs.contains_key(&1) && runs.contains_key(&32) {
-            let ratio = rate(32) / rate(1);
-            targets.push(format!(
-                "32-client durable inserts = {ratio:.1}x the 1-client rate, medians (>= 10x): {}",
-                verdict(ratio >= 10.0)
-            ));
+        // INSERT_SPELLING=base64 runs only that spelling of the embedding.
+        let spellings = std::env::var("INSERT_SPELLING").unwrap_or_else(|_| "array,base64".into());
+        for spelling in spellings.split(',').filter(|s| ["array", "base64"].contains(s)) {
+            let empty = dir.path().join(format!("empty-{spelling}"));
+            Bank::create_dir(&empty, BankConfig::new(DIM as u32))
+                .unwrap()
+                .close()
+                .unwrap();
+            let runs = insert_phase(&empty, spelling, rounds, &counts);
+            targets.extend(insert_summary(&runs, spelling, rounds, &counts));
         }
     }
     println!("load average (1 min) at the end: {}", load_average());

@@ -146,7 +146,13 @@ fn the_openapi_document_states_the_banks_bounds() {
     let server = Server::start(&path, &["--max-batch", "2"]);
     let doc = server.get("/openapi.json");
     let schemas = &doc["components"]["schemas"];
-    let embedding = &schemas["InsertRequest"]["properties"]["embedding"];
+    let spellings = &schemas["InsertRequest"]["properties"]["embedding"]["anyOf"];
+    let embedding = &spellings[0];
+    // 8 f32 values are 32 bytes: 44 characters of padded base64.
+    assert_eq!(
+        (spellings[1]["minLength"].as_u64(), spellings[1]["maxLength"].as_u64()),
+        (Some(44), Some(44))
+    );
     assert_eq!(
         (embedding["minItems"].as_u64(), embedding["maxItems"].as_u64()),
         (Some(8), Some(8))
@@ -155,8 +161,11 @@ fn the_openapi_document_states_the_banks_bounds() {
     assert_eq!(trees, json!(["task", "env"]));
     let batch = &schemas["QueryBatchRequest"]["properties"]["embeddings"];
     assert_eq!(batch["maxItems"], 2);
-    assert_eq!(batch["items"]["maxItems"], 8);
-    assert_eq!(schemas["TreeQuery"]["properties"]["embedding"]["minItems"], 8);
+    assert_eq!(batch["items"]["anyOf"][0]["maxItems"], 8);
+    assert_eq!(
+        schemas["TreeQuery"]["properties"]["embedding"]["anyOf"][0]["minItems"],
+        8
+    );
     assert_eq!(embedding["items"]["maximum"].as_f64().map(|m| m as f32), Some(f32::MAX));
     assert_eq!(schemas["TreeQuery"]["properties"]["tau"]["maximum"], 1.0);
     assert_eq!(schemas["QueryBatchRequest"]["properties"]["eps"]["minimum"], 0.0);
@@ -200,6 +209,54 @@ fn the_openapi_document_states_the_banks_bounds() {
         .replacen("0.0", "3.5e38", 1);
     server.fails("POST", "/v1/trees/env/query", Some(&huge), 400);
     assert_eq!(server.terminate(), 0);
+}
+
+#[test]
+fn embeddings_may_travel_as_base64() {
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &[]);
+    let b64 = deltamem::api::embedding::encode_base64_f32;
+    // The same vectors inserted in each spelling are stored bit for bit alike.
+    let mut ids = Vec::new();
+    for i in 0..4u64 {
+        let v = vector(DIM, i);
+        let as_array = server.post("/v1/nodes", &node("task", json!("root"), "array", &v));
+        let mut body = node("task", json!("root"), "base64", &v);
+        body["embedding"] = json!(b64(&v));
+        let as_base64 = server.post("/v1/nodes", &body);
+        ids.push((as_array["id"].as_u64().unwrap(), as_base64["id"].as_u64().unwrap()));
+    }
+    for &(a, b) in &ids {
+        let stored = |id: u64| server.get(&format!("/v1/nodes/{id}?embedding=true"))["embedding"].clone();
+        assert!(stored(a).is_array());
+        assert_eq!(stored(a), stored(b), "nodes {a} and {b}");
+    }
+    // A query and a batch answer alike in either spelling.
+    let q = vector(DIM, 2);
+    let by_array = server.post("/v1/trees/task/query", &json!({"embedding": q, "k": 8, "tau": -1}));
+    let by_base64 = server.post(
+        "/v1/trees/task/query",
+        &json!({"embedding": b64(&q), "k": 8, "tau": -1}),
+    );
+    assert_eq!(by_array, by_base64);
+    assert_eq!(by_array["matches"].as_array().unwrap().len(), 8);
+    let mixed = server.post(
+        "/v1/trees/task/query_batch",
+        &json!({"embeddings": [b64(&q), q], "k": 8, "tau": -1}),
+    );
+    assert_eq!(mixed["answers"][0], by_array);
+    assert_eq!(mixed["answers"][1], by_array);
+    // A wrong length or broken base64 is a 400 naming the field.
+    let e = server.fails(
+        "POST",
+        "/v1/trees/task/query",
+        Some(&json!({"embedding": b64(&q[..3])}).to_string()),
+        400,
+    );
+    assert_eq!(e["field"], "embedding", "{e}");
+    let e = server.fails("POST", "/v1/trees/task/query", Some(r#"{"embedding": "AAA*"}"#), 400);
+    assert!(e["error"].as_str().unwrap().contains("base64"), "{e}");
+    assert_eq!(server.get("/v1/bank")["node_count"], 8);
 }
 
 #[test]

@@ -22,6 +22,9 @@ pub struct InsertRequest {
     /// The node's fields (string values), at most 4 MiB with the scenario.
     pub payload: Fields,
     /// Any length-`dim` vector of finite numbers; stored L2-normalised.
+    /// An array of numbers, or base64 of little-endian f32 values.
+    #[serde(deserialize_with = "super::embedding::embedding")]
+    #[cfg_attr(feature = "schema", schemars(with = "super::embedding::EmbeddingSchema"))]
     pub embedding: Vec<f32>,
     /// External id: a lowercase hyphenated UUID or 1..=16 bytes of text,
     /// not all digits.

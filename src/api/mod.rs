@@ -14,6 +14,7 @@
 //! `schemars::JsonSchema` (schemars 1.x, as rmcp uses), for OpenAPI
 //! documents and MCP tool schemas.
 
+pub mod embedding;
 mod fields;
 mod insert;
 mod node;

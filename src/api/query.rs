@@ -13,6 +13,8 @@ use crate::bank::{Bank, BankError, Match, QueryOptions};
 #[serde(deny_unknown_fields)]
 pub struct QueryRequest {
     pub tree: String,
+    #[serde(deserialize_with = "super::embedding::embedding")]
+    #[cfg_attr(feature = "schema", schemars(with = "super::embedding::EmbeddingSchema"))]
     pub embedding: Vec<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub k: Option<usize>,
@@ -47,6 +49,8 @@ impl QueryRequest {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TreeQuery {
+    #[serde(deserialize_with = "super::embedding::embedding")]
+    #[cfg_attr(feature = "schema", schemars(with = "super::embedding::EmbeddingSchema"))]
     pub embedding: Vec<f32>,
     /// How many matches (default: the face's, 1 for the CLI).
     #[serde(default, skip_serializing_if = "Option::is_none")]

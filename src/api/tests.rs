@@ -120,6 +120,42 @@ fn schemas_describe_the_strict_requests() {
         assert!(required.contains(&key.into()), "{key} not required: {schema}");
     }
     assert!(!required.contains(&"id".into()));
+    // Both spellings of an embedding are offered.
+    assert_eq!(schema["properties"]["embedding"]["$ref"], "#/$defs/EmbeddingSchema");
+    let spellings = schema["$defs"]["EmbeddingSchema"].to_string();
+    assert!(
+        spellings.contains(r#""type":"array""#) && spellings.contains(r#""type":"string""#),
+        "{spellings}"
+    );
     let query = serde_json::to_value(schemars::schema_for!(TreeQuery)).unwrap();
     assert!(query["properties"].get("tree").is_none() && query["properties"].get("tau").is_some());
+}
+
+#[test]
+fn a_base64_embedding_reads_as_the_same_floats() {
+    // Values no short decimal spells exactly, a negative zero and a subnormal.
+    let values = [0.1f32, -0.0, f32::MIN_POSITIVE / 4.0, 1.0e30, -3.25];
+    let text = embedding::encode_base64_f32(&values);
+    let insert = GOOD.replace("[1,0.5]", &format!("\"{text}\""));
+    let node = parse_object::<InsertRequest>(&insert).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&node.embedding), bits(&values));
+    let query: QueryRequest = parse_object(&format!(r#"{{"tree":"t","embedding":"{text}"}}"#)).unwrap();
+    assert_eq!(bits(&query.embedding), bits(&values));
+    let tree_query: TreeQuery = parse_object(&format!(r#"{{"embedding":"{text}","k":2}}"#)).unwrap();
+    assert_eq!(bits(&tree_query.embedding), bits(&values));
+    // The little-endian layout, spelled out: 1.0f32 is 00 00 80 3f.
+    let one: QueryRequest = parse_object(r#"{"tree":"t","embedding":"AACAPw=="}"#).unwrap();
+    assert_eq!(one.embedding, vec![1.0]);
+}
+
+#[test]
+fn a_bad_base64_embedding_is_named() {
+    let m = refused::<InsertRequest>(&GOOD.replace("[1,0.5]", "\"AACAP\""));
+    assert!(m.starts_with("\"embedding\"") && m.contains("base64"), "{m}");
+    // Valid base64 of 6 bytes: not whole f32 values.
+    let m = refused::<QueryRequest>(r#"{"tree":"t","embedding":"AACAPwAA"}"#);
+    assert!(m.starts_with("\"embedding\"") && m.contains("6 bytes"), "{m}");
+    let m = refused::<QueryRequest>(r#"{"tree":"t","embedding":{"a":1}}"#);
+    assert!(m.contains("base64 string"), "{m}");
 }

@@ -19,6 +19,9 @@ use crate::format::row::Row;
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QueryBatchRequest {
+    /// Each an array of numbers or base64 of little-endian f32 values.
+    #[serde(deserialize_with = "crate::api::embedding::embeddings")]
+    #[schemars(with = "Vec<crate::api::embedding::EmbeddingSchema>")]
     pub embeddings: Vec<Vec<f32>>,
     /// How many matches per query (default 1).
     #[serde(default)]

@@ -245,7 +245,8 @@ pub fn document(bounds: &Bounds) -> Value {
     })
 }
 
-/// Every embedding holds exactly `dim` finite f32s, not all zero; a query
+/// Every embedding holds exactly `dim` finite f32s, not all zero (as an
+/// array, or as base64 of that many values in a request); a query
 /// asks for at most `k_max` matches; a batch (of nodes, of query
 /// embeddings, of ids) has at most `batch_items` entries; a tree in a body
 /// names one of the bank's.
@@ -267,18 +268,32 @@ fn constrain_schemas(schemas: &mut Map<String, Value>, bounds: &Bounds) {
         // Not all zeros: such a vector has no direction to normalise to.
         p["not"] = json!({"items": {"enum": [0]}});
     };
+    // A request's embedding: that array, or its base64 (4 bytes per
+    // value, so a fixed length); the pattern is standard padded base64.
+    let either_spelling = |p: &mut Value| {
+        let mut array = json!({"type": "array", "items": {"type": "number", "format": "float"}});
+        exact_dim(&mut array);
+        let base64_chars = 4 * (4 * u64::from(bounds.dim)).div_ceil(3);
+        let base64 = json!({"type": "string", "pattern": "^[A-Za-z0-9+/]*={0,2}$",
+                            "minLength": base64_chars, "maxLength": base64_chars});
+        let description = p.get("description").cloned();
+        *p = json!({"anyOf": [array, base64]});
+        if let Some(d) = description {
+            p["description"] = d;
+        }
+    };
     let k = |p: &mut Value| p["maximum"] = json!(bounds.k_max);
     let batch = |p: &mut Value| p["maxItems"] = json!(bounds.batch_items);
     let tree = |p: &mut Value| p["enum"] = json!(bounds.trees);
-    set("InsertRequest", "embedding", &exact_dim);
+    set("InsertRequest", "embedding", &either_spelling);
     set("InsertRequest", "tree", &tree);
-    set("TreeQuery", "embedding", &exact_dim);
+    set("TreeQuery", "embedding", &either_spelling);
     set("TreeQuery", "k", &k);
     set("QueryBatchRequest", "k", &k);
     set("NodeDetail", "embedding", &exact_dim);
     set("QueryBatchRequest", "embeddings", &|p: &mut Value| {
         batch(p);
-        exact_dim(&mut p["items"]);
+        either_spelling(&mut p["items"]);
     });
     set("InsertBatchRequest", "nodes", &batch);
     set("RetrievalsRequest", "ids", &batch);

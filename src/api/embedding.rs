@@ -1,0 +1,97 @@
+//! The two spellings of an embedding in a request: a JSON array of
+//! numbers, or a string holding the standard base64 (RFC 4648, padded) of
+//! the vector's f32 values, 4 little-endian bytes each.
+//!
+//! Why a second spelling: a 768-float vector written as decimal text is
+//! 8-16 KB and parsing it was the largest single cost of a durable insert
+//! over HTTP; as base64 it is 4 KB, decoded at memory speed, and every
+//! value arrives bit for bit as the client held it. numpy writes it with
+//! `base64.b64encode(v.astype("<f4").tobytes())`.
+//!
+//! Replies always spell embeddings as arrays.
+
+use std::fmt;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use serde::de::{self, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+
+/// What the schema documents for an embedding field (the field itself is
+/// a `Vec<f32>` read by [`embedding`]).
+#[cfg(feature = "schema")]
+#[derive(schemars::JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum EmbeddingSchema {
+    /// The values as JSON numbers.
+    Numbers(Vec<f32>),
+    /// Standard base64, with padding, of the values as 4-byte
+    /// little-endian f32.
+    Base64(#[schemars(regex(pattern = r"^[A-Za-z0-9+/]*={0,2}$"))] String),
+}
+
+/// Reads one embedding in either spelling (`deserialize_with`).
+pub fn embedding<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f32>, D::Error> {
+    d.deserialize_any(EmbeddingVisitor)
+}
+
+/// Reads a list of embeddings, each in either spelling.
+pub fn embeddings<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Vec<f32>>, D::Error> {
+    Ok(Vec::<OneEmbedding>::deserialize(d)?.into_iter().map(|e| e.0).collect())
+}
+
+struct OneEmbedding(Vec<f32>);
+
+impl<'de> Deserialize<'de> for OneEmbedding {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<OneEmbedding, D::Error> {
+        embedding(d).map(OneEmbedding)
+    }
+}
+
+struct EmbeddingVisitor;
+
+impl<'de> Visitor<'de> for EmbeddingVisitor {
+    type Value = Vec<f32>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of numbers or a base64 string of little-endian f32 values")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<f32>, A::Error> {
+        // The hint comes from the request; capped so a lying one cannot
+        // reserve much before the values arrive.
+        let mut values = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        while let Some(x) = seq.next_element::<f32>()? {
+            values.push(x);
+        }
+        Ok(values)
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Vec<f32>, E> {
+        decode_base64_f32(text).map_err(E::custom)
+    }
+}
+
+/// The f32 values a base64 string holds; the message says what is wrong.
+pub fn decode_base64_f32(text: &str) -> Result<Vec<f32>, String> {
+    let bytes = STANDARD
+        .decode(text)
+        .map_err(|e| format!("not standard base64 ({e}); expected an array of numbers or base64 of f32 values"))?;
+    if bytes.len() % 4 != 0 {
+        return Err(format!(
+            "base64 decodes to {} bytes, not a whole number of 4-byte f32 values",
+            bytes.len()
+        ));
+    }
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
+}
+
+/// The base64 spelling of `values` (tests and load generators).
+pub fn encode_base64_f32(values: &[f32]) -> String {
+    let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+    STANDARD.encode(bytes)
+}
