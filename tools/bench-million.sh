@@ -148,6 +148,13 @@ for round in $(seq 1 "$ROUNDS"); do
 
     "$D" --quiet init "$BANK" --dim "$DIM" --tree all --precision "$PRECISION" > /dev/null
     if [[ -n $CGROUP ]]; then drop_caches || true; fi
+    # How much of the matrix the page cache holds as the import starts: a
+    # cold-cache step of the previous round (stats, below) drops it, and a
+    # matrix read from the disk costs the import about 2 s more at 1M x 768
+    # (measured 5.25 s cold against 3.30 s warm), so each round says which.
+    if command -v fincore > /dev/null; then
+        record import.source_cached_pct "$(fincore --bytes --noheadings -o RES,SIZE "$DATA" | awk '{printf "%.0f", $2 ? 100 * $1 / $2 : 0}')"
+    fi
     run import "$D" --quiet import "$BANK" --tree all --npy "$DATA"
     record import.rows_s "$(calc "$ROWS / $(last import.s)")"
     bank_bytes=$(du -sb "$BANK" | cut -f1)
@@ -241,6 +248,10 @@ print(f"{int(rows):,} x {dim} {precision}, bank {med('bank.mb'):.0f} MB, {rounds
 print("| command | seconds | rate | peak heap |")
 print("|---|---:|---:|---:|")
 print(f"| `import --npy` | {fig('import.s')} | {fig('import.rows_s', '{:,.0f}')} rows/s = {fig('import.mb_s', '{:.0f}')} MB/s | {heap('import')} |")
+by_round = lambda k, fmt: " / ".join(fmt.format(x) for x in figures.get(k, []))
+if figures.get("import.source_cached_pct"):
+    print(f"| `import --npy` per round (matrix in the page cache at its start) | {by_round('import.s', '{:.2f}')} "
+          f"| {by_round('import.source_cached_pct', '{:.0f}%')} cached | |")
 print(f"| disk peer: the bank's bytes through the page cache, fdatasync per import group | {fig('peer.s')} | {fig('peer.mb_s', '{:.0f}')} MB/s; import at {fig('import.vs_peer')}x of it | |")
 ratio = med('query.s') / med('query_warm_inprocess.s')
 print(f"| `query` (k=10, 1 thread), fresh process, warm cache | {fig('query.s', '{:.3f}')} | "
