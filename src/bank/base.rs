@@ -36,6 +36,14 @@ pub(crate) struct SegmentMaps {
     qsums: Vec<u32>,
 }
 
+impl SegmentMaps {
+    /// Maps in, ahead of a scan, the column it reads whole: the int8 rows
+    /// where the bank has them, else the vectors (`Mapping::populate`).
+    fn populate(&self) {
+        self.quant.as_ref().unwrap_or(&self.vectors).populate();
+    }
+}
+
 /// Which column of a segment a scan step reads.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Column {
@@ -354,15 +362,20 @@ impl Base {
         self.segments.read().unwrap()[segment as usize].scan.is_some()
     }
 
-    /// Calls `segment` for each of `order` in turn, until `stop` is set:
-    /// a scan's helper thread, checking node tables ahead of the scan. A
+    /// Calls `segment` for each of `order` in turn, then maps in the
+    /// cached pages of the column the scan reads (`SegmentMaps::populate`),
+    /// until `stop` is set: a scan's helper thread, working ahead of it. A
     /// segment that fails its checks ends the walk without a report: the
     /// scan calls `segment` itself when it gets there and reports the
     /// error in the order a scan alone would have met it.
     pub fn prepare_ahead(&self, order: &[u32], stop: &std::sync::atomic::AtomicBool) {
         for &segment in order {
-            if stop.load(Ordering::Relaxed) || self.segment(segment).is_err() {
+            if stop.load(Ordering::Relaxed) {
                 return;
+            }
+            match self.segment(segment) {
+                Ok(maps) => maps.populate(),
+                Err(_) => return,
             }
         }
     }

@@ -141,11 +141,22 @@ pub struct Mapping {
 
 pub trait MappedBytes: Send + Sync {
     fn bytes(&self) -> &[u8];
+    /// Maps every page of the file into this process now, as reading each
+    /// would (Linux `MADV_POPULATE_READ`), so a later first read of it
+    /// takes no page fault. A hint: nothing changes if it is not done.
+    fn populate(&self) {}
 }
 
 impl Mapping {
     pub fn new(inner: Arc<dyn MappedBytes>) -> Mapping {
         Mapping { inner }
+    }
+}
+
+impl Mapping {
+    /// See [`MappedBytes::populate`].
+    pub fn populate(&self) {
+        self.inner.populate();
     }
 }
 

@@ -326,12 +326,16 @@ fn run_split<T: Send>(
 
 /// Runs `scan` over the checkpointed rows `ranges` while, if a CPU is
 /// free for it, one more thread checks ahead of the scan the node tables
-/// it has not checked yet (`Base::prepare_ahead`). A process's first scan
-/// otherwise stops at every segment to check its table (a CRC per row),
-/// ~15% of a first query over a large bank; in parallel, the scanning
-/// threads find the tables checked when they reach them. Nothing is
-/// skipped: each table is still checked once before the scan reads it,
-/// and a failing one is reported by the scan, in the order it meets it.
+/// it has not checked yet and maps in the cached pages of the column it
+/// reads (`Base::prepare_ahead`). A process's first scan otherwise stops
+/// at every segment to check its table (a CRC per row), ~15% of a first
+/// query over a large bank, and takes a page fault per 64 KiB of the
+/// column (a fresh-process query over 1M x 768 f32 in the page cache:
+/// 0.22-0.24 s without the mapping ahead, 0.14-0.16 s with it); in
+/// parallel, the scanning threads find both done when they reach them.
+/// Nothing is skipped: each table is still checked once before the scan
+/// reads it, and a failing one is reported by the scan, in the order it
+/// meets it.
 fn with_tables_ahead<T>(base: &Base, ranges: &[Range<u32>], scan: impl FnOnce() -> T) -> T {
     // No CPU left for a checking thread: every one already scans.
     if base.all_prepared() || ranges.len() >= std::thread::available_parallelism().map_or(1, |n| n.get()) {
