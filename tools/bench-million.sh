@@ -21,8 +21,8 @@
 #   dd          a file of the bank's size, bs=4M conv=fdatasync (MB/s), then
 #               the same with oflag=direct (around the page cache, as a
 #               load writes its vectors)
-#   import      init + `import --npy` of the whole matrix into a fresh bank;
-#               then its disk peer: the bytes the import wrote (the bank's
+#   import      init + `import --npy` of the whole matrix (read back into
+#               the page cache first) into a fresh bank; then its disk peer: the bytes the import wrote (the bank's
 #               size) written to one file in 4 MiB writes with an
 #               fdatasync after each group's share, as the import makes
 #               each group of batches (4,096 rows each, together >= 64 MiB
@@ -37,6 +37,8 @@
 #   verify      after reading the bank back into the page cache
 #   freeze      into a new directory (the CLI then verifies the copy)
 #   compact     the live bank
+#   import_cold `import --npy` again into a second bank, the page cache
+#               dropped first (root only), the bank deleted after
 # Every command runs with DELTAMEM_PEAK_HEAP=1: the binary's counting
 # allocator prints its peak live heap (mapped files are not heap).
 # Prints a Markdown table of medians (min-max in brackets) on stdout; raw
@@ -148,10 +150,12 @@ for round in $(seq 1 "$ROUNDS"); do
 
     "$D" --quiet init "$BANK" --dim "$DIM" --tree all --precision "$PRECISION" > /dev/null
     if [[ -n $CGROUP ]]; then drop_caches || true; fi
-    # How much of the matrix the page cache holds as the import starts: a
-    # cold-cache step of the previous round (stats, below) drops it, and a
-    # matrix read from the disk costs the import about 2 s more at 1M x 768
-    # (measured 5.25 s cold against 3.30 s warm), so each round says which.
+    # The import reads a matrix in the page cache (as right after writing
+    # it); a cold-cache step of the previous round (stats, below) dropped
+    # it, so it is read back first. The import of a cold matrix is timed
+    # apart, at the end of the round. Each round records how much of the
+    # matrix the page cache held as the import started.
+    capped cat "$DATA" > /dev/null
     if command -v fincore > /dev/null; then
         record import.source_cached_pct "$(fincore --bytes --noheadings -o RES,SIZE "$DATA" | awk '{printf "%.0f", $2 ? 100 * $1 / $2 : 0}')"
     fi
@@ -216,6 +220,16 @@ EOF
 
     run compact "$D" --quiet compact "$BANK"
     record compact.mb_s "$(calc "$bank_bytes / $(last compact.s) / 1e6")"
+
+    # The import again, into a second bank, with the matrix not in the
+    # page cache (it then reads the matrix from the disk, twice: its
+    # check pass, then the import).
+    if drop_caches; then
+        "$D" --quiet init "$WORK/bank-cold" --dim "$DIM" --tree all --precision "$PRECISION" > /dev/null
+        run import_cold "$D" --quiet import "$WORK/bank-cold" --tree all --npy "$DATA"
+        record import_cold.rows_s "$(calc "$ROWS / $(last import_cold.s)")"
+        rm -rf "$WORK/bank-cold"
+    fi
 done
 
 if [[ $KEEP == 0 ]]; then rm -rf "$BANK" "$FROZEN"; fi
@@ -252,6 +266,9 @@ by_round = lambda k, fmt: " / ".join(fmt.format(x) for x in figures.get(k, []))
 if figures.get("import.source_cached_pct"):
     print(f"| `import --npy` per round (matrix in the page cache at its start) | {by_round('import.s', '{:.2f}')} "
           f"| {by_round('import.source_cached_pct', '{:.0f}%')} cached | |")
+if figures.get("import_cold.s"):
+    print(f"| `import --npy` of a matrix not in the page cache | {fig('import_cold.s')} | "
+          f"{fig('import_cold.rows_s', '{:,.0f}')} rows/s | {heap('import_cold')} |")
 print(f"| disk peer: the bank's bytes through the page cache, fdatasync per import group | {fig('peer.s')} | {fig('peer.mb_s', '{:.0f}')} MB/s; import at {fig('import.vs_peer')}x of it | |")
 ratio = med('query.s') / med('query_warm_inprocess.s')
 print(f"| `query` (k=10, 1 thread), fresh process, warm cache | {fig('query.s', '{:.3f}')} | "
