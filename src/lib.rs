@@ -2,7 +2,7 @@
 //! of LLM agents, organised as residual trees (see `ARCHITECTURE.md`).
 //!
 //! Layers, each depending only on those above it in this list:
-//! [`format`] (pure byte layouts), [`storage`] (files, mmap, WAL, lock),
+//! [`mod@format`] (pure byte layouts), [`storage`] (files, mmap, WAL, lock),
 //! [`tree`] (the residual-tree rules, pure), [`bank`] (the API), then
 //! [`interop`] (reference JSON, .npy) and `agent` (feature `agent`), which
 //! use the bank API only, and [`api`], the JSON requests and replies the

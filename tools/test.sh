@@ -2,7 +2,8 @@
 # README command 2: every test the project has. Run tools/setup.sh first.
 #
 #   Rust: every test, the agent ones included (DELTAMEM_REQUIRE_ASSETS=1
-#   makes a missing asset a failure rather than a skip)
+#   makes a missing asset a failure rather than a skip); the API docs
+#   with warnings as errors
 #   Python: the package's pytest suite in .venv/ (made by tools/setup.sh)
 #   Browser: the explorer page in headless Chromium
 set -euo pipefail
@@ -12,6 +13,10 @@ step() { echo "== test: $*" >&2; }
 
 step "Rust (cargo test --release --features agent)"
 DELTAMEM_REQUIRE_ASSETS=1 cargo test --release --features agent
+
+# The API docs build without a broken or ambiguous link.
+step "Rust docs (cargo doc, warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 
 # --- Python package: pytest (python/tests) ------------------------------
 # Rebuilds the package first (a no-op when nothing changed), so the tests

@@ -1,6 +1,6 @@
 //! The bank API: ties the format, the storage and the tree rules together.
 //!
-//! State = checkpoint (data files, [`base::Base`]) + overlay (everything
+//! State = checkpoint (data files, `base::Base`) + overlay (everything
 //! committed since, rebuilt from the WAL on open). Mutations are validated
 //! against the overlay, appended to the WAL as one record, then synced as
 //! the sync policy says; checkpoints fold the overlay into the data files.

@@ -1,5 +1,5 @@
 //! Moving banks in and out of the Python world: trees saved by the DeltaMem
-//! reference implementation ([`reference`]), NumPy `.npy` matrices of
+//! reference implementation ([`mod@reference`]), NumPy `.npy` matrices of
 //! embeddings ([`npy`]), and JSON written exactly as Python's `json`
 //! module writes it ([`pyjson`]).
 //!

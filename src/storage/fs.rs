@@ -44,6 +44,7 @@ impl MappedBytes for RealMap {
     /// measured cheaper than `MADV_POPULATE_READ` (a page-table walk per
     /// page). Pages not cached are left to the scan: populating never
     /// reads the disk, so under memory pressure it evicts nothing.
+    #[cfg(target_os = "linux")]
     fn populate(&self) {
         const WINDOW_BYTES: usize = 64 << 10;
         let bytes: &[u8] = &self.0;
@@ -62,11 +63,13 @@ impl MappedBytes for RealMap {
 
 /// The page size `resident_pages` reports in (mincore's unit on the
 /// platforms deltamem runs on).
+#[cfg(target_os = "linux")]
 const PAGE_BYTES: usize = 4096;
 
 /// One byte per 4 KiB page of `map`, bit 0 set where the page cache holds
 /// the page (Linux `mincore`); None where the call fails or the system's
 /// page is not 4 KiB.
+#[cfg(target_os = "linux")]
 fn resident_pages(map: &memmap2::Mmap) -> Option<Vec<u8>> {
     if rustix::param::page_size() != PAGE_BYTES {
         return None;
