@@ -545,6 +545,10 @@ fn load_average() -> String {
         .to_string()
 }
 
+fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "NOT met" }
+}
+
 /// Prints each client count's medians; the ratio target when both 1 and
 /// 32 clients ran.
 fn insert_summary(
@@ -569,7 +573,7 @@ fn insert_summary(
         return None;
     }
     let ratio = rate(32) / rate(1);
-    let verdict = if ratio >= 10.0 { "met" } else { "NOT met" };
+    let verdict = verdict(ratio >= 10.0);
     Some(format!(
         "32-client durable inserts, embeddings as {spelling} = {ratio:.1}x the 1-client rate, medians (>= 10x): {verdict}"
     ))
@@ -595,7 +599,6 @@ fn main() {
         threads(),
         load_average()
     );
-    let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
     let mut targets = Vec::new();
     let base = start(&big);
     if wants("overhead") {

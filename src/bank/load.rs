@@ -88,7 +88,24 @@ impl Bank {
             drop(jobs_tx);
             (staged, thread.join().expect("the load's writer thread does not panic"))
         });
-        let (mut results, staged) = staged.inspect_err(|_| self.overlay.handoff = None)?;
+        let finished = self.finish_load(staged, written, from_index);
+        // The checkpoint emptied the overlay, or undid the load, or (a
+        // failure after its manifest) the new nodes are read from the data
+        // files; a load that failed earlier left nothing staged. Either way
+        // no handed-off vector is asked for after this.
+        self.overlay.handoff = None;
+        finished
+    }
+
+    /// After staging: a failed writer thread undoes the load, else the
+    /// checkpoint makes the staged batches durable; each batch's result.
+    fn finish_load(
+        &mut self,
+        staged: Result<(Vec<BatchResult>, Vec<Txn>), BankError>,
+        written: Result<SegmentWriter, BankError>,
+        from_index: u32,
+    ) -> Result<Vec<BatchResult>, BankError> {
+        let (mut results, staged) = staged?;
         let writer = match written {
             Ok(writer) => writer,
             Err(e) => {
@@ -97,16 +114,12 @@ impl Bank {
                     w.poisoned = Some(format!("checkpoint failed: {e}"));
                 }
                 self.unstage_all(staged)?;
-                self.overlay.handoff = None;
                 return Err(e);
             }
         };
-        // The checkpoint empties the overlay, or undoes the load, or (a
-        // failure after its manifest) takes the new nodes from the data
-        // files: no handed-off vector is asked for after this.
-        let committed = self.commit_loaded(staged, VectorWrites::Prewritten { from_index, writer });
-        self.overlay.handoff = None;
-        let mut acks = committed?.into_iter();
+        let mut acks = self
+            .commit_loaded(staged, VectorWrites::Prewritten { from_index, writer })?
+            .into_iter();
         for result in results.iter_mut().filter(|r| r.is_ok()) {
             *result = Ok(acks.next().expect("one ack list per staged batch"));
         }

@@ -99,11 +99,13 @@ impl Overlay {
     /// Vector of a new node (index >= base_count).
     pub fn vector(&self, index: u32) -> &[f32] {
         let dim = self.dim_count as usize;
-        let kept_end = self.base_count + (self.vectors.len() / dim) as u32;
-        if let Some(h) = self.handoff.as_ref().filter(|_| index >= kept_end) {
-            assert!(index >= h.pending_from, "node {index}'s vector went to a load's writer");
-            let at = (index - h.pending_from) as usize * dim;
-            return &h.pending[at..at + dim];
+        if let Some(h) = self.handoff.as_ref() {
+            let kept_end = self.base_count + (self.vectors.len() / dim) as u32;
+            if index >= kept_end {
+                assert!(index >= h.pending_from, "node {index}'s vector went to a load's writer");
+                let at = (index - h.pending_from) as usize * dim;
+                return &h.pending[at..at + dim];
+            }
         }
         let at = (index - self.base_count) as usize * dim;
         &self.vectors[at..at + dim]

@@ -318,28 +318,12 @@ pub(crate) mod cache_probe {
 
     /// How many of the file's pages the page cache holds.
     pub fn cached_pages(path: &Path) -> usize {
-        use std::os::fd::AsRawFd;
         let file = File::open(path).unwrap();
-        let len = file.metadata().unwrap().len() as usize;
-        // SAFETY: a fresh read-only shared mapping of `len` bytes of an
-        // open file; mincore only reads its page-table state into `out`,
-        // which holds one byte per 4 KiB page of the mapping; the mapping
-        // is unmapped before it goes out of use and no byte is read.
-        unsafe {
-            let map = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            );
-            assert_ne!(map, libc::MAP_FAILED);
-            let mut out = vec![0u8; len.div_ceil(4096)];
-            assert_eq!(libc::mincore(map, len, out.as_mut_ptr()), 0);
-            libc::munmap(map, len);
-            out.iter().filter(|&&b| b & 1 != 0).count()
-        }
+        // SAFETY: a read-only map of which no byte is read: mincore
+        // (`resident_pages`) looks only at the page cache's state.
+        let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+        let resident = super::resident_pages(&map).expect("mincore of a live mapping");
+        resident.iter().filter(|&&b| b & 1 != 0).count()
     }
 
     /// Whether this file system keeps an `O_DIRECT` write out of the page

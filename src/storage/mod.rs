@@ -141,9 +141,10 @@ pub struct Mapping {
 
 pub trait MappedBytes: Send + Sync {
     fn bytes(&self) -> &[u8];
-    /// Maps every page of the file into this process now, as reading each
-    /// would (Linux `MADV_POPULATE_READ`), so a later first read of it
-    /// takes no page fault. A hint: nothing changes if it is not done.
+    /// Maps into this process now the file's pages the page cache already
+    /// holds, as reading them would, so a later first read of them takes
+    /// no page fault; never reads the disk. A hint: nothing changes if it
+    /// is not done.
     fn populate(&self) {}
 }
 
@@ -151,9 +152,7 @@ impl Mapping {
     pub fn new(inner: Arc<dyn MappedBytes>) -> Mapping {
         Mapping { inner }
     }
-}
 
-impl Mapping {
     /// See [`MappedBytes::populate`].
     pub fn populate(&self) {
         self.inner.populate();
