@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use deltamem::storage::{CountingStorage, FileStorage, IoCounts, Storage};
-use deltamem::{Attach, Bank, BankConfig, Label, NewNode, NodeRef, OpenOptions, Payload, QueryOptions, SyncPolicy};
+use deltamem::{
+    Attach, Bank, BankConfig, Label, NewNode, NodeRef, OpenOptions, Payload, QueryOptions, SyncPolicy, VerifyScope,
+};
 
 const DIM: usize = 64;
 
@@ -275,5 +277,34 @@ fn stats_reads_only_the_node_table() {
             .map(|(_, bytes)| bytes)
             .sum();
         assert_eq!(data_read, 0, "stats read data files: {counts:?}");
+    }
+}
+
+/// `freeze` checks its copy with `verify_scope(SkipVectorColumns)`: that
+/// maps no vector file and reads every row and payload record, while the
+/// full `verify` maps every vector segment.
+#[test]
+fn verify_without_the_vector_column_maps_no_vector_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = BankConfig::new(DIM as u32);
+    config.rows_per_segment = Some(1024);
+    build_with(dir.path(), 3_000, config);
+    let counting = Arc::new(CountingStorage::new(FileStorage::new(dir.path())));
+    let read_only = OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    let vector_maps = |counts: &IoCounts| counts.maps.keys().filter(|n| n.starts_with("vectors-")).count();
+    for (scope, want_vector_maps) in [(VerifyScope::SkipVectorColumns, 0), (VerifyScope::Everything, 3)] {
+        let bank = Bank::open(counting.clone(), read_only.clone()).unwrap();
+        counting.reset();
+        let report = bank.verify_scope(scope).unwrap();
+        assert!(report.is_ok() && report.nodes_checked == 3_000, "{scope:?}: {report:?}");
+        let counts = counting.counts();
+        assert_eq!(vector_maps(&counts), want_vector_maps, "{scope:?}: {counts:?}");
+        let tables = counts.maps.keys().filter(|n| n.starts_with("nodes-")).count();
+        assert_eq!(tables, 3, "{scope:?}: {counts:?}");
+        let payload_read = counts.read_bytes.get("payloads.log").copied().unwrap_or(0);
+        assert!(payload_read > 0, "{scope:?} read no payload record: {counts:?}");
     }
 }

@@ -60,8 +60,12 @@ fn build_and_freeze(dir: &Path, bank: &Path) -> (Vec<Vec<f32>>, std::path::PathB
     let frozen = dir.join("frozen");
     let report = ok(&["freeze", s(bank), s(&frozen)]).json();
     assert_eq!(
-        (report["nodes"].as_u64(), report["verified"].as_bool()),
-        (Some(300), Some(true))
+        (
+            report["nodes"].as_u64(),
+            report["verified"].as_bool(),
+            report["vectors_verified"].as_bool()
+        ),
+        (Some(300), Some(true), Some(false))
     );
     let stats = ok(&["stats", s(&frozen), "--json"]).json();
     assert_eq!(
@@ -114,6 +118,9 @@ fn build_then_freeze_then_two_processes_query_the_frozen_bank_at_once() {
     assert_eq!(ok(&["verify", s(&frozen), "--json"]).json()["ok"], true);
     let again = deltamem(&["freeze", s(&bank), s(&frozen)], "");
     assert!(again.code == 1 && again.stderr.contains(s(&frozen)), "{}", again.stderr);
+    let full = dir.path().join("frozen-full");
+    let report = ok(&["freeze", s(&bank), s(&full), "--verify-vectors"]).json();
+    assert_eq!(report["vectors_verified"].as_bool(), Some(true), "{report}");
 }
 
 /// A bank with a known shape: task R <- C1 (FAILURE) <- C2, env E; C2 hit

@@ -395,6 +395,12 @@ impl Base {
         }))
     }
 
+    /// A segment's node table alone, mapped without checking (for
+    /// `verify` of the rows only).
+    pub fn table_unverified(&self, segment: u32) -> Result<Mapping, BankError> {
+        self.part(segment, Part::Table)
+    }
+
     /// One file of a segment, mapped on first use.
     fn part(&self, segment: u32, part: Part) -> Result<Mapping, BankError> {
         if let Some(map) = self.segments.read().unwrap()[segment as usize].part(part) {

@@ -32,7 +32,7 @@ pub use mutate::{Attach, Change, ChangeAck, ConsolidateAck, HitAck, ImportedStat
 pub use open::{BankConfig, OpenOptions};
 pub use scan::{Match, PreparedQuery, QueryOptions, dot};
 pub use stats::{Stats, TreeStats};
-pub use verify::{Problem, VerifyReport};
+pub use verify::{Problem, VerifyReport, VerifyScope};
 
 use crate::format::manifest::{Manifest, Precision};
 use crate::format::payload::{Payload, decode_record};

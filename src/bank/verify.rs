@@ -32,6 +32,18 @@ impl VerifyReport {
     }
 }
 
+/// How much of a bank `verify_scope` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VerifyScope {
+    /// Every file: WAL, rows, vectors, int8 rows, payload records.
+    Everything,
+    /// All but the vector columns (f32/f16 and int8): WAL, rows and their
+    /// links, payload records. For a copy whose vectors were checked in
+    /// memory as they were copied (`freeze`): the column is most of a
+    /// bank's bytes, and the scan checks it on first read anyway.
+    SkipVectorColumns,
+}
+
 /// More problems than this and the rest are not listed one by one.
 const MAX_PROBLEMS: usize = 1000;
 
@@ -102,6 +114,12 @@ impl Bank {
     /// streaming its payload records in large reads; memory is bounded by
     /// one segment's rows per thread.
     pub fn verify(&self) -> Result<VerifyReport, BankError> {
+        self.verify_scope(VerifyScope::Everything)
+    }
+
+    /// `verify` of what `scope` covers; with `SkipVectorColumns` no vector
+    /// segment is mapped or read.
+    pub fn verify_scope(&self, scope: VerifyScope) -> Result<VerifyReport, BankError> {
         let mut report = VerifyReport::default();
         self.verify_wal(&mut report)?;
         let segments = self.base.node_count.div_ceil(self.base.rows_per_segment);
@@ -111,7 +129,7 @@ impl Bank {
             let handles: Vec<_> = (0..segments.div_ceil(per_thread))
                 .map(|t| {
                     let range = t * per_thread..((t + 1) * per_thread).min(segments);
-                    s.spawn(move || range.map(|segment| self.verify_segment(segment)).collect())
+                    s.spawn(move || range.map(|segment| self.verify_segment(segment, scope)).collect())
                 })
                 .collect();
             handles
@@ -146,7 +164,7 @@ impl Bank {
                 "payload log end disagrees with the manifest".into(),
             );
         }
-        self.verify_unused_space(&mut report)?;
+        self.verify_unused_space(&mut report, scope)?;
         for index in self.base.node_count..self.node_count() {
             report.nodes_checked += 1;
             if let Err(e) = self.check_links(&self.row(index)?) {
@@ -156,8 +174,8 @@ impl Bank {
         Ok(report)
     }
 
-    /// Rows, vectors and payload records of one segment's nodes.
-    fn verify_segment(&self, segment: u32) -> Result<SegmentCheck, BankError> {
+    /// Rows, vectors (in `scope`) and payload records of one segment's nodes.
+    fn verify_segment(&self, segment: u32, scope: VerifyScope) -> Result<SegmentCheck, BankError> {
         let mut check = SegmentCheck::default();
         let report = &mut check.report;
         let first = segment * self.base.rows_per_segment;
@@ -190,12 +208,17 @@ impl Bank {
             expected = Some(row.payload_offset_bytes + u64::from(row.payload_size_bytes));
         }
         check.payload_end = expected;
-        let maps = match self.base.segment_unverified(segment) {
-            Ok(maps) => Some(maps),
-            Err(e) => {
-                report.add_error(&self.storage.describe(""), e);
-                None
-            }
+        // verify_node skips the vector checks without maps (a failed
+        // mapping is reported here, once).
+        let maps = match scope {
+            VerifyScope::SkipVectorColumns => None,
+            VerifyScope::Everything => match self.base.segment_unverified(segment) {
+                Ok(maps) => Some(maps),
+                Err(e) => {
+                    report.add_error(&self.storage.describe(""), e);
+                    None
+                }
+            },
         };
         self.base.for_each_payload_record(&rows, |row, record| {
             if !self.base.superseded.contains(&row.index) {
@@ -384,54 +407,38 @@ impl Bank {
     /// bank they are never written, so anything but zeros is damage. In a
     /// live bank a checkpoint that crashed may have left rows there; they
     /// are outside the checkpoint and get overwritten, so are not checked.
-    fn verify_unused_space(&self, report: &mut VerifyReport) -> Result<(), BankError> {
-        let payload = self
-            .storage
-            .open(&payload_file(self.manifest.generation), OpenMode::Read)
-            .map_err(StorageError::io(
-                "open",
-                self.storage.describe(&payload_file(self.manifest.generation)),
-            ))?;
-        let len = payload.len_bytes().map_err(StorageError::io(
-            "stat",
-            self.storage.describe(&payload_file(self.manifest.generation)),
-        ))?;
-        if len < self.manifest.payload_end_bytes {
-            report.add(
-                self.storage.describe(&payload_file(self.manifest.generation)),
-                len,
-                format!(
-                    "file ends before the manifest's payload end {}",
-                    self.manifest.payload_end_bytes
-                ),
-            );
-        }
+    fn verify_unused_space(&self, report: &mut VerifyReport, scope: VerifyScope) -> Result<(), BankError> {
+        self.verify_payload_length(report)?;
         let count = self.base.node_count;
         let rps = self.base.rows_per_segment;
         if count.is_multiple_of(rps) || !self.manifest.is_frozen() {
             return Ok(());
         }
         let segment = count / rps;
-        let maps = self.base.segment_unverified(segment)?;
         let used_rows = (count % rps) as usize;
-        let mut checks = vec![
-            (
-                table_segment_file(self.manifest.generation, segment),
-                &maps.table[..],
-                used_rows * ROW_SIZE_BYTES,
-            ),
-            (
+        let table = self.base.table_unverified(segment)?;
+        let mut checks = vec![(
+            table_segment_file(self.manifest.generation, segment),
+            &table[..],
+            used_rows * ROW_SIZE_BYTES,
+        )];
+        let maps = match scope {
+            VerifyScope::Everything => Some(self.base.segment_unverified(segment)?),
+            VerifyScope::SkipVectorColumns => None,
+        };
+        if let Some(maps) = &maps {
+            checks.push((
                 vector_segment_file(self.manifest.generation, segment),
                 &maps.vectors[..],
                 used_rows * self.base.stride_bytes as usize,
-            ),
-        ];
-        if let (Some(quant), Some(qstride)) = (&maps.quant, self.base.qstride_bytes) {
-            checks.push((
-                qvector_segment_file(self.manifest.generation, segment),
-                &quant[..],
-                used_rows * qstride as usize,
             ));
+            if let (Some(quant), Some(qstride)) = (&maps.quant, self.base.qstride_bytes) {
+                checks.push((
+                    qvector_segment_file(self.manifest.generation, segment),
+                    &quant[..],
+                    used_rows * qstride as usize,
+                ));
+            }
         }
         for (name, bytes, from) in checks {
             if let Some(at) = bytes[from..].iter().position(|&b| b != 0) {
@@ -441,6 +448,28 @@ impl Bank {
                     "unused space past the last node is not zero".into(),
                 );
             }
+        }
+        Ok(())
+    }
+    /// The payload log must reach the manifest's payload end.
+    fn verify_payload_length(&self, report: &mut VerifyReport) -> Result<(), BankError> {
+        let name = payload_file(self.manifest.generation);
+        let payload = self
+            .storage
+            .open(&name, OpenMode::Read)
+            .map_err(StorageError::io("open", self.storage.describe(&name)))?;
+        let len = payload
+            .len_bytes()
+            .map_err(StorageError::io("stat", self.storage.describe(&name)))?;
+        if len < self.manifest.payload_end_bytes {
+            report.add(
+                self.storage.describe(&name),
+                len,
+                format!(
+                    "file ends before the manifest's payload end {}",
+                    self.manifest.payload_end_bytes
+                ),
+            );
         }
         Ok(())
     }
