@@ -451,6 +451,7 @@ impl Bank {
         }
         Ok(())
     }
+
     /// The payload log must reach the manifest's payload end.
     fn verify_payload_length(&self, report: &mut VerifyReport) -> Result<(), BankError> {
         let name = payload_file(self.manifest.generation);
