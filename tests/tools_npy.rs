@@ -260,6 +260,36 @@ fn bad_rows_stop_the_import_before_anything_is_written() {
     assert_eq!(ok(&["stats", s(&bank), "--json"]).json()["nodes"], 0);
 }
 
+/// The check before writing splits the rows between two workers. Bad
+/// rows in both halves, more than are listed: the first 20 in row order
+/// are listed, all are counted, and a row refused only by the bank's own
+/// rule (finite, not zero, but too small a norm to normalise) is among
+/// them.
+#[test]
+fn every_bad_row_is_counted_and_the_first_listed_in_order() {
+    let (dir, bank) = bank(4, &[]);
+    let npy = dir.path().join("v.npy");
+    let mut bad: Vec<(usize, f32)> = (0..25).map(|k| (k * 3 + 1, f32::NAN)).collect();
+    bad[19] = (58, 1e-30);
+    write_npy(&npy, &bad_rows(80, 4, &bad), NpyElement::F32);
+    let run = import_npy(&bank, &npy, &["--batch", "4"]);
+    assert_eq!(run.code, 1);
+    assert!(run.stderr.contains("25 bad row(s)"), "{}", run.stderr);
+    let listed: Vec<u64> = run
+        .stderr
+        .lines()
+        .filter_map(|l| l.split(": row ").nth(1)?.split(':').next()?.parse().ok())
+        .collect();
+    let want: Vec<u64> = bad.iter().take(20).map(|&(r, _)| r as u64).collect();
+    assert_eq!(listed, want, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("row 58: bad embedding: vector norm is"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(ok(&["stats", s(&bank), "--json"]).json()["nodes"], 0);
+}
+
 #[test]
 fn keep_going_rejects_only_the_batch_holding_a_bad_row() {
     let (dir, bank) = bank(4, &[]);

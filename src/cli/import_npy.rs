@@ -144,8 +144,107 @@ fn read_batch(
 
 /// Checks every row (and META line) without writing, by the bank's own
 /// rules (`Bank::check_insert`, external ids against each other too);
-/// returns the problems.
+/// returns the problems listed (the first `PROBLEMS_SHOWN`, in row order)
+/// and their count.
 fn precheck(args: &ImportArgs, npy: &Path, bank: &Bank, progress: &Progress) -> anyhow::Result<(Vec<String>, u64)> {
+    match args.meta {
+        None => precheck_halves(args, npy, bank, progress),
+        Some(_) => precheck_in_order(args, npy, bank, progress),
+    }
+}
+
+/// Rows a precheck worker reads at a time: 256 KiB of f32, so the rows
+/// are still in the core's cache when they are checked.
+const PRECHECK_CHUNK_BYTES: usize = 256 << 10;
+
+/// `precheck` without META: each row's node is its defaults and no row
+/// carries an external id, so rows can be checked in any order. Two
+/// workers (this thread and one more) each read and check half of the
+/// matrix. With one reader the precheck took a fifth of a 1M x 768
+/// import, bound by copying the matrix out of the page cache.
+fn precheck_halves(
+    args: &ImportArgs,
+    npy: &Path,
+    bank: &Bank,
+    progress: &Progress,
+) -> anyhow::Result<(Vec<String>, u64)> {
+    let total = NpyRowReader::open(npy)?.info().row_count;
+    let middle = total / 2;
+    let done = std::sync::atomic::AtomicU64::new(0);
+    let check = |rows: std::ops::Range<u64>| precheck_rows(args, npy, bank, rows, &done, progress);
+    let (first, second) = std::thread::scope(|scope| {
+        let second = scope.spawn(|| check(middle..total));
+        let first = check(0..middle);
+        (first, second.join().expect("a precheck worker does not panic"))
+    });
+    let (mut shown, first_count) = first?;
+    let (more, second_count) = second?;
+    shown.extend(more);
+    shown.truncate(PROBLEMS_SHOWN);
+    Ok((shown, first_count + second_count))
+}
+
+/// Checks `rows` of the matrix (without META) as `precheck` does; the
+/// first `PROBLEMS_SHOWN` problems among them and their count. `done`
+/// counts the rows checked by every worker, for the progress bar.
+fn precheck_rows(
+    args: &ImportArgs,
+    npy: &Path,
+    bank: &Bank,
+    rows: std::ops::Range<u64>,
+    done: &std::sync::atomic::AtomicU64,
+    progress: &Progress,
+) -> anyhow::Result<(Vec<String>, u64)> {
+    let mut reader = NpyRowReader::open(npy)?;
+    reader.seek_to_row(rows.start)?;
+    let dim = reader.info().dim_count;
+    let chunk_rows = (PRECHECK_CHUNK_BYTES / (dim * size_of::<f32>()).max(1)).max(1);
+    let (mut shown, mut count) = (Vec::new(), 0u64);
+    let mut pending = PendingIds::default();
+    let mut column = Vec::new();
+    let mut row = rows.start;
+    while row < rows.end {
+        let want = (rows.end - row).min(chunk_rows as u64) as usize;
+        let got = reader.read_rows_into(want, &mut column)?;
+        anyhow::ensure!(
+            got == want,
+            "{}: rows end early at row {}",
+            npy.display(),
+            row + got as u64
+        );
+        for vector in column.chunks_exact(dim.max(1)) {
+            let problem = match row_problem(vector) {
+                Some(problem) => Some(problem),
+                None => row_node("", &args.tree, row)
+                    .and_then(|node| {
+                        bank.check_insert(&node, Some(vector), &mut pending)
+                            .map_err(|e| e.to_string())
+                    })
+                    .err(),
+            };
+            if let Some(problem) = problem {
+                count += 1;
+                if shown.len() < PROBLEMS_SHOWN {
+                    shown.push(row_message(npy, None, row, &problem));
+                }
+            }
+            row += 1;
+        }
+        let so_far = done.fetch_add(got as u64, std::sync::atomic::Ordering::Relaxed) + got as u64;
+        progress.set(so_far);
+    }
+    Ok((shown, count))
+}
+
+/// `precheck` with META: one reader thread reads the rows and their META
+/// lines in order while this one runs the bank's rules, external ids
+/// against each other too.
+fn precheck_in_order(
+    args: &ImportArgs,
+    npy: &Path,
+    bank: &Bank,
+    progress: &Progress,
+) -> anyhow::Result<(Vec<String>, u64)> {
     let reader = NpyRowReader::open(npy)?;
     let metas = MetaLines::open(args.meta.as_deref())?;
     let (mut shown, mut total) = (Vec::new(), 0u64);

@@ -68,6 +68,8 @@ pub struct NpyRowReader {
     /// A read failed part-way: the file position no longer matches
     /// `rows_read`, so every later read fails too.
     failed: bool,
+    /// Where row 0 starts in the file (the header's length).
+    data_offset_bytes: u64,
 }
 
 /// Returns the data offset and the header text.
@@ -211,7 +213,24 @@ impl NpyRowReader {
             raw: Vec::new(),
             rows_read: 0,
             failed: false,
+            data_offset_bytes: prefix.len() as u64,
         })
+    }
+
+    /// Moves to `row` (at most the row count), so that the next read
+    /// starts there: for readers that share a regular file's rows out. A
+    /// stream cannot seek and says so.
+    pub fn seek_to_row(&mut self, row: u64) -> Result<(), InteropError> {
+        use std::io::{Seek, SeekFrom};
+        let row = row.min(self.info.row_count);
+        let row_bytes = self.info.dim_count as u64 * self.info.element.size_bytes();
+        let at = self.data_offset_bytes + row * row_bytes;
+        self.file
+            .seek(SeekFrom::Start(at))
+            .map_err(InteropError::io("seek", &self.path))?;
+        self.rows_read = row;
+        self.failed = false;
+        Ok(())
     }
 
     pub fn info(&self) -> &NpyInfo {
