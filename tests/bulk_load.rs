@@ -504,6 +504,43 @@ fn a_refused_batch_leaves_no_vectors_behind_for_the_next() {
     }
 }
 
+/// A handle keeps a load's piece buffers for its next load. Loads in a
+/// row (the second with a refused batch, whose indexes the next batch
+/// takes) must each store their own vectors, never bytes a kept buffer
+/// held from before: equal to the same nodes through the WAL, in memory
+/// and after reopen.
+#[test]
+fn loads_in_a_row_on_one_handle_store_their_own_vectors() {
+    let dim = 1000;
+    for precision in [Precision::F32, Precision::F16, Precision::Int8] {
+        let what = format!("{precision:?}");
+        let (_a, b, mut logged, mut loaded) = two_banks(dim, precision);
+        let wide = |range: std::ops::Range<usize>| -> Vec<Change> {
+            range.map(|k| Change::Insert(wide_node(k, dim, false))).collect()
+        };
+        loaded.load(&wide(0..2500)).unwrap();
+        let mut refused = wide(9000..9700);
+        if let Change::Insert(n) = refused.last_mut().unwrap() {
+            n.embedding[3] = f32::INFINITY;
+        }
+        let batches = [as_column(&refused), as_column(&wide(3000..4200))];
+        let refs: Vec<(&[Change], &[f32])> = batches.iter().map(|(c, v)| (c.as_slice(), v.as_slice())).collect();
+        let results = loaded.load_columns(&refs).unwrap();
+        assert!(results[0].is_err() && results[1].is_ok(), "{what}: {results:?}");
+        loaded.load(&wide(6000..6900)).unwrap();
+        for range in [0..2500, 3000..4200, 6000..6900] {
+            logged.transact(&wide(range), None).unwrap();
+        }
+        let want = node_snapshot(&logged);
+        assert_eq!(node_snapshot(&loaded), want, "{what}");
+        drop(loaded);
+        let reopened = Bank::open_dir(b.path(), OpenOptions::default()).unwrap();
+        assert_eq!(node_snapshot(&reopened), want, "{what}: reopened");
+        let report = reopened.verify().unwrap();
+        assert!(report.problems.is_empty(), "{what}: {:?}", report.problems);
+    }
+}
+
 /// Every byte the bulk paths write into data files (a load's checkpoint,
 /// compact, freeze) is handed to the storage's writeback hint, so dirty
 /// pages are flushed as they are written instead of piling up for the

@@ -71,15 +71,18 @@ impl Bank {
         let from_index = self.overlay.total_count();
         let writer = SegmentWriter::new(self.storage.clone(), &self.manifest, true);
         let mut feed = Feed::new(&self.manifest, from_index);
+        let (spare_tx, spare_rx) = std::sync::mpsc::channel();
+        let mut kept = self.writer.as_mut().map(|w| std::mem::take(&mut w.load_pieces));
         // Without auto attach nothing scans the staged nodes, so the
         // overlay need not keep their vectors: they move to the writer
         // thread (no copy, no fresh memory for a large load).
         if !batches.iter().any(|(changes, _)| changes.iter().any(scans_overlay)) {
-            self.overlay.start_handoff();
+            let pending = kept.as_mut().and_then(Vec::pop).unwrap_or_else(|| feed.new_piece());
+            self.overlay.start_handoff(pending);
         }
+        kept.into_iter().flatten().for_each(|piece| drop(spare_tx.send(piece)));
         let (staged, written) = std::thread::scope(|scope| {
             let (jobs_tx, jobs_rx) = std::sync::mpsc::sync_channel(FEED_QUEUE_PIECES);
-            let (spare_tx, spare_rx) = std::sync::mpsc::channel();
             let thread = scope.spawn(move || write_pieces(writer, jobs_rx, spare_tx));
             let staged = self.stage_batches(batches, &mut |ov| feed.offer(ov, false, &jobs_tx, &spare_rx));
             if staged.is_ok() {
@@ -88,6 +91,13 @@ impl Bank {
             drop(jobs_tx);
             (staged, thread.join().expect("the load's writer thread does not panic"))
         });
+        if let Some(w) = self.writer.as_mut() {
+            let empty = |mut piece: Vec<f32>| {
+                piece.clear();
+                piece
+            };
+            w.load_pieces = spare_rx.try_iter().take(KEPT_LOAD_PIECES).map(empty).collect();
+        }
         let finished = self.finish_load(staged, written, from_index);
         // The checkpoint emptied the overlay, or undid the load, or (a
         // failure after its manifest) the new nodes are read from the data
@@ -240,6 +250,10 @@ fn check_loadable(changes: &[Change], column: bool) -> Result<(), BankError> {
 /// it always has the next one, few enough to bound the memory.
 const FEED_QUEUE_PIECES: usize = 2;
 
+/// Piece buffers a writer keeps from one load for the next: the queue's,
+/// the one being filled and the one being written.
+pub(super) const KEPT_LOAD_PIECES: usize = FEED_QUEUE_PIECES + 2;
+
 /// Hands the vectors of a load's staged nodes to its writer thread, in
 /// pieces of `SegmentWriter::piece_rows` that end on multiples of it (so
 /// each is whole aligned blocks, written around the page cache), as the
@@ -270,6 +284,16 @@ impl Feed {
         }
     }
 
+    /// An empty buffer with room for a whole piece: filled node by node, it
+    /// would otherwise grow by doubling, copying itself each time.
+    fn new_piece(&self) -> Vec<f32> {
+        Vec::with_capacity(self.new_piece_capacity())
+    }
+
+    fn new_piece_capacity(&self) -> usize {
+        self.piece_rows as usize * self.dim_count
+    }
+
     /// Sends the staged nodes not sent yet, up to the last piece boundary
     /// (`all`: every one). A batch undone after some of its nodes were sent
     /// brings the overlay below what was sent: those indexes are sent
@@ -282,8 +306,9 @@ impl Feed {
         };
         let (dim, base) = (self.dim_count, overlay.base_count);
         // A buffer the writer thread is done with: its pages are in use.
+        let fresh = self.new_piece_capacity();
         let buffer = || {
-            let mut piece = spare.try_recv().unwrap_or_default();
+            let mut piece = spare.try_recv().unwrap_or_else(|_| Vec::with_capacity(fresh));
             piece.clear();
             piece
         };

@@ -127,6 +127,11 @@ struct Writer {
     /// The vector of the node being staged, normalised into this buffer
     /// (reused: no allocation per inserted node).
     vector_buffer: Vec<f32>,
+    /// A bulk load's piece buffers, kept for the next load (at most
+    /// `load::KEPT_LOAD_PIECES`): an import is a load per 64 MiB group, and
+    /// fresh buffers for each one, grown by doubling, cost a copy and
+    /// fresh pages (slow on this project's VMs) for every piece.
+    load_pieces: Vec<Vec<f32>>,
 }
 
 const KEPT_RECORD_BYTES: usize = 16 << 20;

@@ -115,6 +115,7 @@ impl Writer {
             checkpoints_deferred: false,
             record_buffer: Vec::new(),
             vector_buffer: Vec::new(),
+            load_pieces: Vec::new(),
         }
     }
 }

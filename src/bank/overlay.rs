@@ -113,10 +113,12 @@ impl Overlay {
 
     /// Starts handing the vectors of nodes staged from now on to a load's
     /// writer (`Handoff`).
-    pub fn start_handoff(&mut self) {
+    /// `pending` is an empty buffer to collect them in.
+    pub fn start_handoff(&mut self, pending: Vec<f32>) {
+        assert!(pending.is_empty());
         self.handoff = Some(Handoff {
             pending_from: self.total_count(),
-            pending: Vec::new(),
+            pending,
         });
     }
 
