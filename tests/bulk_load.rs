@@ -456,6 +456,18 @@ fn big_loads_equal_transactions() {
     }
 }
 
+/// `loaded` (a handle on the bank in `dir`) holds the same nodes as
+/// `logged`, and so does the bank reopened, which `verify` finds intact.
+fn same_nodes_as(logged: &Bank, loaded: Bank, dir: &Path, what: &str) {
+    let want = node_snapshot(logged);
+    assert_eq!(node_snapshot(&loaded), want, "{what}");
+    drop(loaded);
+    let reopened = Bank::open_dir(dir, OpenOptions::default()).unwrap();
+    assert_eq!(node_snapshot(&reopened), want, "{what}: reopened");
+    let report = reopened.verify().unwrap();
+    assert!(report.problems.is_empty(), "{what}: {:?}", report.problems);
+}
+
 /// A load's writer thread writes each batch's vectors while later ones
 /// are staged. A batch refused at its last node, after most of its
 /// vectors were written, gives its indexes to the next batch: the files
@@ -494,13 +506,7 @@ fn a_refused_batch_leaves_no_vectors_behind_for_the_next() {
         for range in [7..1107, 5000..7000] {
             logged.transact(&wide(range), None).unwrap();
         }
-        let want = node_snapshot(&logged);
-        assert_eq!(node_snapshot(&loaded), want, "{what}");
-        drop(loaded);
-        let reopened = Bank::open_dir(b.path(), OpenOptions::default()).unwrap();
-        assert_eq!(node_snapshot(&reopened), want, "{what}: reopened");
-        let report = reopened.verify().unwrap();
-        assert!(report.problems.is_empty(), "{what}: {:?}", report.problems);
+        same_nodes_as(&logged, loaded, b.path(), &what);
     }
 }
 
@@ -531,13 +537,7 @@ fn loads_in_a_row_on_one_handle_store_their_own_vectors() {
         for range in [0..2500, 3000..4200, 6000..6900] {
             logged.transact(&wide(range), None).unwrap();
         }
-        let want = node_snapshot(&logged);
-        assert_eq!(node_snapshot(&loaded), want, "{what}");
-        drop(loaded);
-        let reopened = Bank::open_dir(b.path(), OpenOptions::default()).unwrap();
-        assert_eq!(node_snapshot(&reopened), want, "{what}: reopened");
-        let report = reopened.verify().unwrap();
-        assert!(report.problems.is_empty(), "{what}: {:?}", report.problems);
+        same_nodes_as(&logged, loaded, b.path(), &what);
     }
 }
 
