@@ -240,17 +240,24 @@ fn open_cost_does_not_depend_on_node_count() {
     );
 }
 
+/// A bank of 3,000 nodes in three segments of 1,024 rows, behind a
+/// storage that counts what is mapped and read.
+fn three_segments_counted() -> (tempfile::TempDir, Arc<CountingStorage<FileStorage>>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = BankConfig::new(DIM as u32);
+    config.rows_per_segment = Some(1024);
+    build_with(dir.path(), 3_000, config);
+    let counting = Arc::new(CountingStorage::new(FileStorage::new(dir.path())));
+    (dir, counting)
+}
+
 /// `stats` reports on rows only, so it reads the node table and nothing
 /// else: every node-table segment mapped once, no vector file mapped, no
 /// payload byte read. (Before, mapping a segment for a row read checked
 /// its vectors too, so `stats` on a cold cache read the whole column.)
 #[test]
 fn stats_reads_only_the_node_table() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = BankConfig::new(DIM as u32);
-    config.rows_per_segment = Some(1024);
-    build_with(dir.path(), 3_000, config);
-    let counting = Arc::new(CountingStorage::new(FileStorage::new(dir.path())));
+    let (_dir, counting) = three_segments_counted();
     for read_only in [true, false] {
         let options = OpenOptions {
             read_only,
@@ -285,11 +292,7 @@ fn stats_reads_only_the_node_table() {
 /// full `verify` maps every vector segment.
 #[test]
 fn verify_without_the_vector_column_maps_no_vector_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = BankConfig::new(DIM as u32);
-    config.rows_per_segment = Some(1024);
-    build_with(dir.path(), 3_000, config);
-    let counting = Arc::new(CountingStorage::new(FileStorage::new(dir.path())));
+    let (_dir, counting) = three_segments_counted();
     let read_only = OpenOptions {
         read_only: true,
         ..OpenOptions::default()
