@@ -14,6 +14,7 @@ use super::overlay::Overlay;
 use super::segment_writer::SegmentWriter;
 use super::{Bank, BankError, Change, ChangeAck};
 use crate::format::manifest::Manifest;
+use crate::storage::AlignedFloats;
 
 impl Bank {
     /// Applies `changes` like [`Bank::transact`] and makes them durable by
@@ -92,7 +93,7 @@ impl Bank {
             (staged, thread.join().expect("the load's writer thread does not panic"))
         });
         if let Some(w) = self.writer.as_mut() {
-            let empty = |mut piece: Vec<f32>| {
+            let empty = |mut piece: AlignedFloats| {
                 piece.clear();
                 piece
             };
@@ -271,8 +272,9 @@ struct Feed {
 }
 
 /// One piece for the writer thread: the index of its first node and the
-/// vectors of consecutive nodes from there.
-type Piece = (u32, Vec<f32>);
+/// vectors of consecutive nodes from there (aligned: a whole piece is
+/// written from it as it is).
+type Piece = (u32, AlignedFloats);
 
 impl Feed {
     fn new(manifest: &Manifest, from_index: u32) -> Feed {
@@ -286,8 +288,8 @@ impl Feed {
 
     /// An empty buffer with room for a whole piece: filled node by node, it
     /// would otherwise grow by doubling, copying itself each time.
-    fn new_piece(&self) -> Vec<f32> {
-        Vec::with_capacity(self.new_piece_capacity())
+    fn new_piece(&self) -> AlignedFloats {
+        AlignedFloats::with_capacity(self.new_piece_capacity())
     }
 
     fn new_piece_capacity(&self) -> usize {
@@ -298,7 +300,7 @@ impl Feed {
     /// (`all`: every one). A batch undone after some of its nodes were sent
     /// brings the overlay below what was sent: those indexes are sent
     /// again, with the nodes staged there next, and the later write wins.
-    fn offer(&mut self, overlay: &mut Overlay, all: bool, jobs: &SyncSender<Piece>, spare: &Receiver<Vec<f32>>) {
+    fn offer(&mut self, overlay: &mut Overlay, all: bool, jobs: &SyncSender<Piece>, spare: &Receiver<AlignedFloats>) {
         let total = overlay.total_count();
         let end = match all {
             true => total,
@@ -308,7 +310,7 @@ impl Feed {
         // A buffer the writer thread is done with: its pages are in use.
         let fresh = self.new_piece_capacity();
         let buffer = || {
-            let mut piece = spare.try_recv().unwrap_or_else(|_| Vec::with_capacity(fresh));
+            let mut piece = spare.try_recv().unwrap_or_else(|_| AlignedFloats::with_capacity(fresh));
             piece.clear();
             piece
         };
@@ -318,7 +320,11 @@ impl Feed {
                 let first = h.pending_from;
                 match end == total {
                     true => std::mem::swap(&mut piece, &mut h.pending),
-                    false => piece.extend(h.pending.drain(..(end - first) as usize * dim)),
+                    false => {
+                        let sent = (end - first) as usize * dim;
+                        piece.extend_from_slice(&h.pending.as_slice()[..sent]);
+                        h.pending.remove_front(sent);
+                    }
                 }
                 h.pending_from = end;
                 (first, piece)
@@ -351,10 +357,10 @@ fn scans_overlay(change: &Change) -> bool {
 fn write_pieces(
     mut writer: SegmentWriter,
     jobs: Receiver<Piece>,
-    spare: Sender<Vec<f32>>,
+    spare: Sender<AlignedFloats>,
 ) -> Result<SegmentWriter, BankError> {
     for (first, values) in jobs {
-        writer.put_vectors(first, &values)?;
+        writer.put_vectors(first, values.as_slice())?;
         let _ = spare.send(values);
     }
     Ok(writer)

@@ -37,8 +37,8 @@ pub use verify::{Problem, VerifyReport, VerifyScope};
 use crate::format::manifest::{Manifest, Precision};
 use crate::format::payload::{Payload, decode_record};
 use crate::format::row::Row;
-use crate::storage::Storage;
 use crate::storage::wal::WalWriter;
+use crate::storage::{AlignedFloats, Storage};
 use crate::tree::{self, TreeStyle};
 use base::Base;
 use overlay::Overlay;
@@ -131,7 +131,7 @@ struct Writer {
     /// `load::KEPT_LOAD_PIECES`): an import is a load per 64 MiB group, and
     /// fresh buffers for each one, grown by doubling, cost a copy and
     /// fresh pages (slow on this project's VMs) for every piece.
-    load_pieces: Vec<Vec<f32>>,
+    load_pieces: Vec<AlignedFloats>,
 }
 
 const KEPT_RECORD_BYTES: usize = 16 << 20;

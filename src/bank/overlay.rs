@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use crate::format::row::Row;
+use crate::storage::AlignedFloats;
 
 #[derive(Debug, Default)]
 pub(crate) struct Overlay {
@@ -36,7 +37,9 @@ pub(crate) struct Overlay {
 #[derive(Debug, Default)]
 pub(crate) struct Handoff {
     pub pending_from: u32,
-    pub pending: Vec<f32>,
+    /// Aligned, so the writer thread writes whole pieces of it as they
+    /// are, around the page cache.
+    pub pending: AlignedFloats,
 }
 
 /// Enough to undo a partly applied transaction.
@@ -104,7 +107,7 @@ impl Overlay {
             if index >= kept_end {
                 assert!(index >= h.pending_from, "node {index}'s vector went to a load's writer");
                 let at = (index - h.pending_from) as usize * dim;
-                return &h.pending[at..at + dim];
+                return &h.pending.as_slice()[at..at + dim];
             }
         }
         let at = (index - self.base_count) as usize * dim;
@@ -114,7 +117,7 @@ impl Overlay {
     /// Starts handing the vectors of nodes staged from now on to a load's
     /// writer (`Handoff`).
     /// `pending` is an empty buffer to collect them in.
-    pub fn start_handoff(&mut self, pending: Vec<f32>) {
+    pub fn start_handoff(&mut self, pending: AlignedFloats) {
         assert!(pending.is_empty());
         self.handoff = Some(Handoff {
             pending_from: self.total_count(),

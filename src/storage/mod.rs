@@ -18,7 +18,7 @@ use thiserror::Error;
 
 use crate::format::FormatError;
 
-pub use aligned::AlignedBuf;
+pub use aligned::{AlignedBuf, AlignedFloats};
 pub use counting::{CountingStorage, IoCounts};
 pub use fs::FileStorage;
 pub use gated::{GateControl, GatedStorage};
@@ -267,7 +267,7 @@ macro_rules! forward_directory_ops {
         }
     };
 }
-use forward_directory_ops;
+pub(crate) use forward_directory_ops;
 
 /// The `StorageFile` methods a wrapper that watches reads, writes or maps
 /// passes to its `inner` file unchanged.
@@ -287,7 +287,7 @@ macro_rules! forward_size_ops {
         }
     };
 }
-use forward_size_ops;
+pub(crate) use forward_size_ops;
 
 /// Reads a whole small file (manifest, WAL) through the storage layer.
 pub fn read_all(storage: &dyn Storage, name: &str) -> Result<Vec<u8>, StorageError> {
