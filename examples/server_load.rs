@@ -247,6 +247,9 @@ struct InsertRun {
     /// The server's fsyncs and write rounds during the run.
     syncs: f64,
     rounds: f64,
+    /// Seconds the writer thread spent in checkpoints during the run
+    /// (both halves; it applies no write meanwhile).
+    checkpoint_s: f64,
 }
 
 impl InsertRun {
@@ -301,7 +304,7 @@ fn insert_body(c: usize, i: usize, spelling: &str) -> String {
 /// `INSERT_RUN` (at most `INSERT_RUN_MAX` in all); each thread reports the
 /// CPU it used, so the load generator's share is told from the server's.
 fn insert_run(base: &str, addr: &str, clients: usize, requests: &[Vec<Vec<u8>>]) -> InsertRun {
-    let before = (usage(libc::RUSAGE_SELF), write_counters(base));
+    let before = (usage(libc::RUSAGE_SELF), write_counters(base), checkpoint_seconds(base));
     let started = Instant::now();
     let per_client = INSERT_RUN_MAX / clients;
     let (latencies_ms, client_cpu_s, client_switches) = std::thread::scope(|scope| {
@@ -329,7 +332,7 @@ fn insert_run(base: &str, addr: &str, clients: usize, requests: &[Vec<Vec<u8>>])
         all
     });
     let seconds = started.elapsed().as_secs_f64();
-    let after = (usage(libc::RUSAGE_SELF), write_counters(base));
+    let after = (usage(libc::RUSAGE_SELF), write_counters(base), checkpoint_seconds(base));
     let process_cpu_s = after.0.0 - before.0.0;
     InsertRun {
         run: Run {
@@ -343,6 +346,7 @@ fn insert_run(base: &str, addr: &str, clients: usize, requests: &[Vec<Vec<u8>>])
         client_switches,
         syncs: after.1.0 - before.1.0,
         rounds: after.1.1 - before.1.1,
+        checkpoint_s: after.2 - before.2,
     }
 }
 
@@ -462,7 +466,7 @@ fn print_insert_run(spelling: &str, round: usize, clients: usize, r: &InsertRun)
     let n = r.run.latencies_ms.len() as f64;
     println!(
         "insert ({spelling}) {clients:>2} clients (round {round}): {:>8.1} w/s  p50 {:>6.3} ms  p99 {:>6.3} ms  {:>4.1}% over 1 ms  {:>6} inserts; \
-         CPU/insert {:>5.0} us = server {:>5.0} + clients {:>4.0}; switches {:.1} + {:.1}, {:.1} inserts/fsync, {:.1}/round; load {}",
+         CPU/insert {:>5.0} us = server {:>5.0} + clients {:>4.0}; switches {:.1} + {:.1}, {:.1} inserts/fsync, {:.1}/round; checkpoints {:.0}% of the run; load {}",
         r.run.rate(),
         r.run.pct(0.5),
         r.run.pct(0.99),
@@ -475,6 +479,7 @@ fn print_insert_run(spelling: &str, round: usize, clients: usize, r: &InsertRun)
         r.client_switches / n.max(1.0),
         n / r.syncs.max(1.0),
         n / r.rounds.max(1.0),
+        100.0 * r.checkpoint_s / r.run.seconds,
         load_average()
     );
 }
@@ -494,6 +499,18 @@ fn usage(who: libc::c_int) -> (f64, f64) {
 /// The server's (fsyncs, write rounds) counters.
 fn write_counters(base: &str) -> (f64, f64) {
     counters(base, ["deltamem_wal_syncs_total", "deltamem_write_rounds_total"])
+}
+
+/// Seconds the server's checkpoints took so far, both halves.
+fn checkpoint_seconds(base: &str) -> f64 {
+    let (prepare, publish) = counters(
+        base,
+        [
+            "deltamem_checkpoint_prepare_seconds_total",
+            "deltamem_checkpoint_publish_seconds_total",
+        ],
+    );
+    prepare + publish
 }
 
 /// CPU seconds this process has used (user + system).
