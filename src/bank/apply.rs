@@ -191,6 +191,7 @@ impl Bank {
             }
         };
         let policy = policy.unwrap_or(writer.policy);
+        self.offer_ahead();
         self.sync_per_policy(policy)?;
         self.maybe_checkpoint()?;
         assert!(self.writer.as_ref().is_some_and(|w| w.wal.next_lsn() > lsn));

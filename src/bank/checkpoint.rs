@@ -95,6 +95,9 @@ impl Bank {
         let ov = &self.overlay;
         let mut created = false;
         if !ov.rows.is_empty() {
+            // The write-ahead thread wrote the vectors of nodes from the
+            // base up to `ahead_end` (none without one).
+            let ahead = self.finish_ahead()?;
             self.write_payloads()?;
             // A load's writer thread wrote the vectors from `vectors_end`
             // on; this writer writes the rest through the page cache (its
@@ -105,15 +108,16 @@ impl Bank {
                 VectorWrites::Prewritten { from_index, writer } => (Some(writer), from_index),
             };
             assert!((ov.base_count..=ov.total_count()).contains(&vectors_end));
+            let vectors_start = ahead
+                .as_ref()
+                .map_or(ov.base_count, |a| a.0.clamp(ov.base_count, vectors_end));
             let dim = self.manifest.dim_count as usize;
             let mut segments = SegmentWriter::new(self.storage.clone(), &self.manifest, false);
             segments.put_rows(ov.base_count, &ov.rows)?;
-            segments.put_vectors(
-                ov.base_count,
-                &ov.vectors[..(vectors_end - ov.base_count) as usize * dim],
-            )?;
+            let vectors = (vectors_start - ov.base_count) as usize * dim..(vectors_end - ov.base_count) as usize * dim;
+            segments.put_vectors(vectors_start, &ov.vectors[vectors])?;
             created = segments.sync_all()?;
-            if let Some(writer) = prewritten {
+            for writer in prewritten.into_iter().chain(ahead.map(|a| a.1)) {
                 created |= writer.sync_all()?;
             }
         }
@@ -218,6 +222,7 @@ impl Bank {
         self.base = Base::with_trust(storage.clone(), &manifest, &trusted);
         self.overlay.reset(count, manifest.payload_end_bytes);
         self.manifest = manifest;
+        self.restart_ahead();
         if let Some(failure) = failure {
             return Err(failure);
         }

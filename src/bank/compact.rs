@@ -171,6 +171,8 @@ impl Bank {
         let trusted = vec![true; manifest.node_count.div_ceil(u64::from(manifest.rows_per_segment)) as usize];
         self.base = super::base::Base::with_trust(storage.clone(), &manifest, &trusted);
         self.manifest = manifest;
+        // Writes ahead now go to the new generation's files.
+        self.restart_ahead();
         self.remove_data_files(|g| g != generation)?;
         Ok(CompactReport {
             nodes: self.manifest.node_count,

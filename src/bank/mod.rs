@@ -19,6 +19,7 @@ mod scan;
 mod segment_writer;
 mod stats;
 mod verify;
+mod write_ahead;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -132,6 +133,9 @@ struct Writer {
     /// fresh buffers for each one, grown by doubling, cost a copy and
     /// fresh pages (slow on this project's VMs) for every piece.
     load_pieces: Vec<AlignedFloats>,
+    /// The thread writing committed vectors ahead of the checkpoint, when
+    /// asked for (`write_vectors_ahead`).
+    ahead: Option<write_ahead::WriteAhead>,
 }
 
 const KEPT_RECORD_BYTES: usize = 16 << 20;

@@ -116,6 +116,7 @@ impl Writer {
             record_buffer: Vec::new(),
             vector_buffer: Vec::new(),
             load_pieces: Vec::new(),
+            ahead: None,
         }
     }
 }

@@ -118,6 +118,9 @@ impl Core {
         let dim = bank.dim_count();
         bank.set_query_threads(threads);
         bank.defer_checkpoints();
+        // The writer thread applies no write while it checkpoints: most of
+        // a checkpoint's work is done beforehand by the bank's own thread.
+        bank.write_vectors_ahead();
         let (changes, _) = watch::channel(ChangeEvent {
             node_count: bank.node_count(),
             last_lsn: bank.durable_below_lsn().saturating_sub(1),

@@ -322,13 +322,28 @@ pub fn open_writer(storage: &SimStorage, policy: SyncPolicy) -> Result<Bank, Ban
 
 /// Runs the workload on `storage` until the first error.
 pub fn drive(storage: &SimStorage, ops: &[Op], policy: SyncPolicy) -> Outcome {
+    drive_with(storage, ops, policy, false)
+}
+
+/// As `drive`; `ahead`: every handle writes each commit's vectors ahead of
+/// the checkpoint on its thread (`Bank::write_vectors_ahead`), whose writes
+/// then interleave with the commits' in an order no run repeats.
+pub fn drive_with(storage: &SimStorage, ops: &[Op], policy: SyncPolicy, ahead: bool) -> Outcome {
+    let open = |bank: Result<Bank, BankError>| {
+        bank.map(|mut b| {
+            if ahead {
+                b.write_vectors_ahead_in_pieces(1);
+            }
+            b
+        })
+    };
     let mut out = Outcome {
         acked: 0,
         attempted: 0,
         poison_checked: false,
         unsynced_runs: policy != SyncPolicy::Always,
     };
-    let Ok(mut bank) = Bank::create(Arc::new(storage.clone()), config()) else {
+    let Ok(mut bank) = open(Bank::create(Arc::new(storage.clone()), config())) else {
         return out;
     };
     bank.set_sync_policy(policy);
@@ -338,7 +353,7 @@ pub fn drive(storage: &SimStorage, ops: &[Op], policy: SyncPolicy) -> Outcome {
         let result = match op {
             Op::Reopen => {
                 let closed = bank.close();
-                match closed.and_then(|()| open_writer(storage, policy)) {
+                match open(closed.and_then(|()| open_writer(storage, policy))) {
                     Ok(b) => {
                         bank = b;
                         Ok(None)
