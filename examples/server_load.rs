@@ -82,6 +82,7 @@ fn start(path: &Path) -> String {
         threads: threads(),
         sync: SyncPolicy::Always,
         read_only: false,
+        checkpoint_wal_bytes: OpenOptions::default().checkpoint_wal_bytes,
         limits: Limits::default(),
     };
     std::thread::spawn(move || serve(config, |addr: SocketAddr| tx.send(addr).unwrap()).unwrap());

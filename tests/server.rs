@@ -569,3 +569,48 @@ fn sigterm_ends_event_streams() {
     assert!(String::from_utf8_lossy(&seen).contains("\"node_count\":1"));
     assert_eq!(server.terminate(), 0);
 }
+
+/// `--checkpoint-wal-mib` sets when the server checkpoints: 3,000 nodes of
+/// 1 KiB vectors (~3.5 MiB of WAL) make a server with `2` checkpoint, with
+/// vectors written ahead of it (1 MiB pieces), and one with the default
+/// (64) not. Every node reads back whole after a restart.
+#[test]
+fn the_checkpoint_threshold_is_an_option() {
+    const WIDE: usize = 256;
+    let checkpoints = |extra: &[&str]| {
+        let (dir, path) = bank(WIDE as u32);
+        let server = Server::start(&path, extra);
+        for batch in 0..30u64 {
+            let nodes: Vec<Value> = (0..100u64)
+                .map(|i| {
+                    node(
+                        "task",
+                        json!("root"),
+                        &format!("n{batch}-{i}"),
+                        &vector(WIDE, batch * 100 + i),
+                    )
+                })
+                .collect();
+            server.post("/v1/nodes/batch", &json!({ "nodes": nodes }));
+        }
+        let metrics = server.call("GET", "/metrics", None).1;
+        assert_eq!(server.terminate(), 0);
+        (dir, path, metric(&metrics, "deltamem_checkpoints_total"))
+    };
+    let (_default_dir, _, by_default) = checkpoints(&[]);
+    assert_eq!(by_default, 0);
+    let (_dir, path, with_option) = checkpoints(&["--checkpoint-wal-mib", "2"]);
+    assert!(with_option >= 1, "{with_option} checkpoints");
+    let server = Server::start(&path, &[]);
+    assert_eq!(server.get("/v1/bank")["node_count"], 3000);
+    for i in [0u64, 1023, 1024, 2047, 2999] {
+        let found = server.post("/v1/trees/task/query", &json!({"embedding": vector(WIDE, i), "k": 1}));
+        assert_eq!(found["matches"][0]["id"], i, "{found}");
+    }
+    assert_eq!(server.terminate(), 0);
+    let out = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+        .args(["verify", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -8,7 +8,9 @@ kills the server with SIGKILL at a random moment, then checks with the CLI:
 `verify` is clean, every acknowledged node is present with its scenario,
 and the shared node's hit count is at least the acknowledged hits and at
 most the attempted ones. Standard library only; loopback only; bounded in
-cycles and time.
+cycles and time. `--dim 256 --checkpoint-wal-mib 2` makes the server
+checkpoint every few thousand inserts, with vectors written ahead of each
+checkpoint (`Bank::write_vectors_ahead`), so kills land inside those too.
 """
 
 import argparse
@@ -36,8 +38,9 @@ def post(base, path, body):
         return json.loads(response.read())
 
 
-def start(binary, bank):
-    proc = subprocess.Popen([binary, "serve", bank, "--listen", "127.0.0.1:0", "--threads", "2"],
+def start(binary, bank, checkpoint_wal_mib):
+    proc = subprocess.Popen([binary, "serve", bank, "--listen", "127.0.0.1:0", "--threads", "2",
+                             "--checkpoint-wal-mib", str(checkpoint_wal_mib)],
                             stderr=subprocess.PIPE, text=True)
     line = proc.stderr.readline()
     match = re.search(r"http://(\S+)", line)
@@ -85,18 +88,22 @@ def check(binary, bank, ledger, shared):
 
 
 def main():
+    global DIM
     parser = argparse.ArgumentParser()
     parser.add_argument("--cycles", type=int, default=20)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--bin", default="target/release/deltamem")
+    parser.add_argument("--dim", type=int, default=DIM)
+    parser.add_argument("--checkpoint-wal-mib", type=int, default=64)
     args = parser.parse_args()
+    DIM = args.dim
     rng = random.Random(args.seed)
     ledger = {"nodes": {}, "acked_hits": 0, "attempted_hits": 0}
     with tempfile.TemporaryDirectory() as root:
         bank = os.path.join(root, "bank")
         subprocess.run([args.bin, "init", bank, "--dim", str(DIM), "--quiet"], check=True)
-        proc, base = start(args.bin, bank)
+        proc, base = start(args.bin, bank, args.checkpoint_wal_mib)
         shared = "shared"
         post(base, "/v1/nodes", {"tree": "env", "attach": "root", "label": "SUCCESS", "scenario": "shared",
                                  "payload": {}, "embedding": [1] + [0] * (DIM - 1), "id": shared})
@@ -117,7 +124,7 @@ def main():
             count, hits = check(args.bin, bank, ledger, shared)
             print(f"cycle {cycle}: {count} nodes, {len(ledger['nodes'])} acknowledged, 0 lost; "
                   f"hits {hits} (acknowledged {ledger['acked_hits']}); verify clean", flush=True)
-            proc, base = start(args.bin, bank)
+            proc, base = start(args.bin, bank, args.checkpoint_wal_mib)
         proc.send_signal(signal.SIGTERM)
         if proc.wait(timeout=60) != 0:
             sys.exit("server did not exit 0 on SIGTERM")

@@ -87,7 +87,10 @@ impl WriteAhead {
     /// changed: a checkpoint, a compaction).
     pub fn restart(&self, writer: SegmentWriter, base_count: u32) {
         let mut state = self.state();
-        let sent = state.jobs.as_ref().is_some_and(|j| j.send(Job::Start(Box::new(writer))).is_ok());
+        let sent = state
+            .jobs
+            .as_ref()
+            .is_some_and(|j| j.send(Job::Start(Box::new(writer))).is_ok());
         state.sent_end = sent.then_some(base_count);
     }
 

@@ -37,6 +37,10 @@ pub struct ServeArgs {
     /// Longest time to receive a body or answer a read, in ms.
     #[arg(long, default_value_t = 30_000)]
     request_timeout_ms: u64,
+    /// Checkpoint once the WAL holds this many MiB: a larger WAL means
+    /// fewer checkpoints and a longer replay after a crash.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    checkpoint_wal_mib: u64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -77,6 +81,7 @@ pub fn serve(args: ServeArgs, quiet: bool) -> anyhow::Result<Status> {
         threads: args.threads.max(1),
         sync: args.sync.policy(),
         read_only: args.read_only,
+        checkpoint_wal_bytes: args.checkpoint_wal_mib << 20,
         limits: deltamem::server::Limits {
             body_bytes: args.max_body_bytes,
             batch_items: args.max_batch,

@@ -90,12 +90,12 @@ pub struct Core {
 impl Core {
     /// Opens the bank as its writer (or read-only) and starts the writer
     /// thread.
-    pub fn open(path: &Path, policy: SyncPolicy, read_only: bool, threads: usize) -> Result<Arc<Core>, BankError> {
+    /// `options` says whether to open read-only and when to checkpoint.
+    pub fn open(path: &Path, policy: SyncPolicy, options: OpenOptions, threads: usize) -> Result<Arc<Core>, BankError> {
         let options = OpenOptions {
-            read_only,
             // The writer thread syncs itself, once per round.
             sync: SyncPolicy::None,
-            ..OpenOptions::default()
+            ..options
         };
         let bank = Bank::open_dir(path, options)?;
         Core::serve(bank, policy, threads)

@@ -30,7 +30,7 @@ pub use self::core::Core;
 pub use error::ApiError;
 pub use http::Limits;
 
-use crate::bank::{BankError, SyncPolicy};
+use crate::bank::{BankError, OpenOptions, SyncPolicy};
 
 /// Everything `deltamem serve` is told.
 #[derive(Debug, Clone)]
@@ -43,6 +43,8 @@ pub struct ServeConfig {
     pub threads: usize,
     pub sync: SyncPolicy,
     pub read_only: bool,
+    /// The bank's checkpoint threshold (`OpenOptions::checkpoint_wal_bytes`).
+    pub checkpoint_wal_bytes: u64,
     pub limits: Limits,
 }
 
@@ -80,7 +82,12 @@ pub fn serve(config: ServeConfig, ready: impl FnOnce(SocketAddr)) -> Result<(), 
         .enable_all()
         .build()
         .map_err(io("cannot start the async runtime"))?;
-    let core = Core::open(&config.bank, config.sync, config.read_only, config.threads)?;
+    let options = OpenOptions {
+        read_only: config.read_only,
+        checkpoint_wal_bytes: config.checkpoint_wal_bytes,
+        ..OpenOptions::default()
+    };
+    let core = Core::open(&config.bank, config.sync, options, config.threads)?;
     let served = runtime.block_on(run(config, core.clone(), ready));
     // Requests in flight have finished: drain the writer and checkpoint.
     let closed = core.shutdown();

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use super::core::{Core, WriteOp};
-use crate::bank::{Attach, Bank, BankConfig, NewNode, SyncPolicy};
+use crate::bank::{Attach, Bank, BankConfig, NewNode, OpenOptions, SyncPolicy};
 use crate::format::payload::Payload;
 use crate::format::row::Label;
 
@@ -29,7 +29,7 @@ fn served(policy: SyncPolicy) -> (tempfile::TempDir, std::sync::Arc<Core>) {
         .unwrap()
         .close()
         .unwrap();
-    let core = Core::open(dir.path(), policy, false, 1).unwrap();
+    let core = Core::open(dir.path(), policy, OpenOptions::default(), 1).unwrap();
     (dir, core)
 }
 
