@@ -69,6 +69,15 @@ impl Bank {
     /// checkpoint.
     fn load_batches(&mut self, batches: &[(&[Change], Option<&[f32]>)]) -> Result<Vec<BatchResult>, BankError> {
         self.check_writable()?;
+        // Vectors being written ahead (`write_vectors_ahead`) are written
+        // before this load's, so the thread's writes through the cache
+        // never race its writes around it on a shared page; the load's
+        // checkpoint writes those nodes' vectors again itself, and the
+        // thread starts a new round after it.
+        if let Err(e) = self.finish_ahead() {
+            self.poison(format!("writing vectors ahead failed: {e}"));
+            return Err(e);
+        }
         let from_index = self.overlay.total_count();
         let writer = SegmentWriter::new(self.storage.clone(), &self.manifest, true);
         let mut feed = Feed::new(&self.manifest, from_index);

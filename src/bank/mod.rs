@@ -105,6 +105,11 @@ pub(crate) fn external_key(bytes: [u8; 16], flags: u8) -> ExternalKey {
 }
 
 struct Writer {
+    /// The thread writing committed vectors ahead of the checkpoint, when
+    /// asked for (`write_vectors_ahead`). Declared before `_lock`, so it is
+    /// dropped first: its drop waits for the thread's last write, and no
+    /// other writer may open the bank before that.
+    ahead: Option<write_ahead::WriteAhead>,
     _lock: Box<dyn Send + Sync>,
     wal: WalWriter,
     policy: SyncPolicy,
@@ -133,9 +138,6 @@ struct Writer {
     /// fresh buffers for each one, grown by doubling, cost a copy and
     /// fresh pages (slow on this project's VMs) for every piece.
     load_pieces: Vec<AlignedFloats>,
-    /// The thread writing committed vectors ahead of the checkpoint, when
-    /// asked for (`write_vectors_ahead`).
-    ahead: Option<write_ahead::WriteAhead>,
 }
 
 const KEPT_RECORD_BYTES: usize = 16 << 20;

@@ -104,6 +104,7 @@ impl Writer {
 
     fn new(lock: Box<dyn Send + Sync>, wal: WalWriter, policy: SyncPolicy, checkpoint_wal_bytes: u64) -> Writer {
         Writer {
+            ahead: None,
             _lock: lock,
             wal,
             policy,
@@ -116,7 +117,6 @@ impl Writer {
             record_buffer: Vec::new(),
             vector_buffer: Vec::new(),
             load_pieces: Vec::new(),
-            ahead: None,
         }
     }
 }

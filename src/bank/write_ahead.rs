@@ -12,8 +12,9 @@
 //! checkpoint's manifest does (FORMAT.md §7), so a crash leaves them as
 //! leftovers, like an interrupted checkpoint's.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use super::BankError;
@@ -25,7 +26,8 @@ use super::segment_writer::SegmentWriter;
 pub(super) const PIECE_BYTES: usize = 1 << 20;
 
 /// Pieces queued for the thread at most; past that a commit sends
-/// nothing (the checkpoint writes those vectors itself) rather than wait.
+/// nothing (the checkpoint writes those vectors itself, or a later commit
+/// sends them) rather than wait, and copies nothing.
 const QUEUE_PIECES: usize = 16;
 
 enum Job {
@@ -47,6 +49,8 @@ pub(super) struct WriteAhead {
     thread: Option<JoinHandle<()>>,
     /// Send once this many bytes of vectors are waiting (`PIECE_BYTES`).
     piece_bytes: usize,
+    /// Pieces sent and not written yet (the thread counts them down).
+    in_flight: Arc<AtomicUsize>,
 }
 
 struct State {
@@ -62,9 +66,11 @@ impl WriteAhead {
     pub fn start(writer: SegmentWriter, base_count: u32, piece_bytes: usize) -> WriteAhead {
         let (jobs_tx, jobs_rx) = std::sync::mpsc::sync_channel(QUEUE_PIECES);
         let (spare_tx, spare_rx) = std::sync::mpsc::channel();
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let written = in_flight.clone();
         let thread = std::thread::Builder::new()
             .name("deltamem-ahead".into())
-            .spawn(move || run(jobs_rx, spare_tx))
+            .spawn(move || run(jobs_rx, spare_tx, &written))
             .expect("spawning the write-ahead thread");
         let ahead = WriteAhead {
             state: Mutex::new(State {
@@ -74,6 +80,7 @@ impl WriteAhead {
             }),
             thread: Some(thread),
             piece_bytes,
+            in_flight,
         };
         ahead.restart(writer, base_count);
         ahead
@@ -107,16 +114,23 @@ impl WriteAhead {
             "sent past the committed nodes"
         );
         let from = (sent_end - base_count) as usize * dim_count;
-        if from == vectors.len() || (vectors.len() - from) * size_of::<f32>() < self.piece_bytes {
+        let waiting_bytes = (vectors.len() - from) * size_of::<f32>();
+        // A full queue (a slow disk): left for later, with no copy made.
+        if waiting_bytes == 0
+            || waiting_bytes < self.piece_bytes
+            || self.in_flight.load(Ordering::Acquire) >= QUEUE_PIECES
+        {
             return;
         }
         let mut piece = state.spare.try_recv().unwrap_or_default();
         piece.clear();
         piece.extend_from_slice(&vectors[from..]);
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
         match state.jobs.as_ref().map(|j| j.try_send(Job::Piece(sent_end, piece))) {
             Some(Ok(())) => state.sent_end = Some(total),
-            // Left for the checkpoint (a slow disk), and sent with later ones.
-            Some(Err(TrySendError::Full(_))) => {}
+            Some(Err(TrySendError::Full(_))) => {
+                self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            }
             Some(Err(TrySendError::Disconnected(_))) | None => state.sent_end = None,
         }
     }
@@ -152,7 +166,7 @@ impl Drop for WriteAhead {
 
 /// The thread: writes each piece with the cycle's writer, keeping the
 /// first error for `Finish`; returns the buffers for reuse.
-fn run(jobs: Receiver<Job>, spare: Sender<Vec<f32>>) {
+fn run(jobs: Receiver<Job>, spare: Sender<Vec<f32>>, in_flight: &AtomicUsize) {
     let mut writer: Option<SegmentWriter> = None;
     let mut failed: Option<BankError> = None;
     for job in jobs {
@@ -162,6 +176,7 @@ fn run(jobs: Receiver<Job>, spare: Sender<Vec<f32>>) {
                 if let (Some(w), None) = (writer.as_mut(), failed.as_ref()) {
                     failed = w.put_vectors(first, &values).err();
                 }
+                in_flight.fetch_sub(1, Ordering::AcqRel);
                 let _ = spare.send(values);
             }
             Job::Finish(reply) => {
@@ -330,5 +345,25 @@ mod tests {
         let reopened = Bank::open(storage, OpenOptions::default()).unwrap();
         assert_eq!(reopened.node_count(), 4500);
         assert_holds(&reopened, 4500);
+    }
+
+    /// A bulk load after vectors were written ahead: the load waits for the
+    /// thread, its checkpoint writes every new vector, and the bank reads
+    /// back whole, the loaded nodes and the committed ones before them.
+    #[test]
+    fn a_load_after_writes_ahead_reads_back_whole() {
+        let storage = Arc::new(CountingStorage::new(MemStorage::new()));
+        let mut bank = Bank::create(storage.clone(), BankConfig::new(DIM as u32)).unwrap();
+        bank.write_vectors_ahead();
+        for k in 0..1500 {
+            bank.insert_with(node(k), Some(SyncPolicy::None)).unwrap();
+        }
+        let changes: Vec<crate::Change> = (1500..2500).map(|k| crate::Change::Insert(node(k))).collect();
+        bank.load(&changes).unwrap();
+        assert_holds(&bank, 2500);
+        drop(bank);
+        let reopened = Bank::open(storage, OpenOptions::default()).unwrap();
+        assert_eq!(reopened.node_count(), 2500);
+        assert_holds(&reopened, 2500);
     }
 }
