@@ -95,8 +95,9 @@ impl Bank {
         let ov = &self.overlay;
         let mut created = false;
         if !ov.rows.is_empty() {
-            // The write-ahead thread wrote the vectors of nodes from the
-            // base up to `ahead_end` (none without one).
+            // How far the write-ahead thread reached (it wrote the vectors
+            // of nodes from the base up to there) and its writer, whose
+            // files are fsynced below; None without one.
             let ahead = self.finish_ahead()?;
             self.write_payloads()?;
             // A load's writer thread wrote the vectors from `vectors_end`
@@ -108,16 +109,16 @@ impl Bank {
                 VectorWrites::Prewritten { from_index, writer } => (Some(writer), from_index),
             };
             assert!((ov.base_count..=ov.total_count()).contains(&vectors_end));
-            let vectors_start = ahead
-                .as_ref()
-                .map_or(ov.base_count, |a| a.0.clamp(ov.base_count, vectors_end));
+            let vectors_start = ahead.as_ref().map_or(ov.base_count, |(reached, _)| {
+                (*reached).clamp(ov.base_count, vectors_end)
+            });
             let dim = self.manifest.dim_count as usize;
             let mut segments = SegmentWriter::new(self.storage.clone(), &self.manifest, false);
             segments.put_rows(ov.base_count, &ov.rows)?;
             let vectors = (vectors_start - ov.base_count) as usize * dim..(vectors_end - ov.base_count) as usize * dim;
             segments.put_vectors(vectors_start, &ov.vectors[vectors])?;
             created = segments.sync_all()?;
-            for writer in prewritten.into_iter().chain(ahead.map(|a| a.1)) {
+            for writer in prewritten.into_iter().chain(ahead.map(|(_, writer)| writer)) {
                 created |= writer.sync_all()?;
             }
         }

@@ -23,7 +23,7 @@ use super::segment_writer::SegmentWriter;
 /// Vectors per piece handed to the thread, in bytes: large enough that a
 /// piece costs one write and one wake-up per ~340 768-dim inserts, small
 /// enough that a checkpoint finds at most this much left to write.
-pub(super) const PIECE_BYTES: usize = 1 << 20;
+const PIECE_BYTES: usize = 1 << 20;
 
 /// Pieces queued for the thread at most; past that a commit sends
 /// nothing (the checkpoint writes those vectors itself, or a later commit
@@ -116,10 +116,7 @@ impl WriteAhead {
         let from = (sent_end - base_count) as usize * dim_count;
         let waiting_bytes = (vectors.len() - from) * size_of::<f32>();
         // A full queue (a slow disk): left for later, with no copy made.
-        if waiting_bytes == 0
-            || waiting_bytes < self.piece_bytes
-            || self.in_flight.load(Ordering::Acquire) >= QUEUE_PIECES
-        {
+        if waiting_bytes < self.piece_bytes.max(1) || self.in_flight.load(Ordering::Acquire) >= QUEUE_PIECES {
             return;
         }
         let mut piece = state.spare.try_recv().unwrap_or_default();
@@ -184,7 +181,6 @@ fn run(jobs: Receiver<Job>, spare: Sender<Vec<f32>>, in_flight: &AtomicUsize) {
                     Some(e) => Err(e),
                     None => Ok(writer.take()),
                 };
-                writer = None;
                 let _ = reply.send(outcome);
             }
         }
