@@ -256,6 +256,19 @@ fn embeddings_may_travel_as_base64() {
     assert_eq!(e["field"], "embedding", "{e}");
     let e = server.fails("POST", "/v1/trees/task/query", Some(r#"{"embedding": "AAA*"}"#), 400);
     assert!(e["error"].as_str().unwrap().contains("base64"), "{e}");
+    // Only base64 can carry a NaN or an infinity: refused, with the index.
+    for (at, bad) in [(5, f32::NAN), (DIM - 1, f32::INFINITY)] {
+        let mut v = vector(DIM, 9);
+        v[at] = bad;
+        let mut body = node("task", json!("root"), "nan", &v);
+        body["embedding"] = json!(b64(&v));
+        let e = server.fails("POST", "/v1/nodes", Some(&body.to_string()), 400);
+        assert_eq!(e["error"], format!("embedding[{at}] is not a finite f32"), "{e}");
+    }
+    let mut zeros = node("task", json!("root"), "zeros", &[0.0; DIM]);
+    zeros["embedding"] = json!(b64(&[0.0; DIM]));
+    let e = server.fails("POST", "/v1/nodes", Some(&zeros.to_string()), 400);
+    assert!(e["error"].as_str().unwrap().contains("all zeros"), "{e}");
     assert_eq!(server.get("/v1/bank")["node_count"], 8);
 }
 

@@ -159,3 +159,48 @@ fn a_bad_base64_embedding_is_named() {
     let m = refused::<QueryRequest>(r#"{"tree":"t","embedding":{"a":1}}"#);
     assert!(m.contains("base64 string"), "{m}");
 }
+
+/// A string over base64's alphabet, its padding and a few bytes outside
+/// it, or a real encoding with one byte changed: the near misses where two
+/// decoders could differ (padding, trailing bits, length).
+fn base64_like() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    let symbols = proptest::sample::select(b"AQgw/+9zB=\n -*".to_vec());
+    let loose = proptest::collection::vec(symbols, 0..24).prop_map(|b| String::from_utf8(b).unwrap());
+    let bytes = proptest::collection::vec(any::<u8>(), 0..40);
+    let mutated = (bytes, any::<usize>(), proptest::sample::select(b"A=/_\n".to_vec())).prop_map(|(b, at, with)| {
+        let mut text = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, b).into_bytes();
+        if !text.is_empty() {
+            let i = at % text.len();
+            text[i] = with;
+        }
+        String::from_utf8(text).unwrap()
+    });
+    prop_oneof![loose, mutated]
+}
+
+proptest::proptest! {
+    /// `decode_base64_f32` decodes with `base64-simd`; its words on a
+    /// refusal, and what the schema documents, are the `base64` crate's.
+    /// Both must take and refuse the same strings, to the same bytes.
+    #[test]
+    fn both_decoders_accept_the_same_strings(text in base64_like()) {
+        use base64::Engine as _;
+        let theirs = base64::engine::general_purpose::STANDARD.decode(&text).ok();
+        let ours = base64_simd::STANDARD.decode_to_vec(text.as_bytes()).ok();
+        proptest::prop_assert_eq!(&ours, &theirs, "{:?}", text);
+        let floats = embedding::decode_base64_f32(text.as_bytes());
+        match theirs {
+            Some(bytes) if bytes.len() % 4 == 0 => {
+                let want: Vec<u32> = bytes.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+                let got: Vec<u32> = floats.unwrap().iter().map(|x| x.to_bits()).collect();
+                proptest::prop_assert_eq!(got, want);
+            }
+            Some(bytes) => {
+                let said = format!("decodes to {} bytes", bytes.len());
+                proptest::prop_assert!(floats.unwrap_err().contains(&said));
+            }
+            None => proptest::prop_assert!(floats.unwrap_err().starts_with("not standard base64 (")),
+        }
+    }
+}

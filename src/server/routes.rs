@@ -138,10 +138,16 @@ pub fn check_embedding(embedding: &[f32], dim: u32, field: &str) -> ApiResult<()
             format!("{field} has {} dimensions, the bank stores {dim}", embedding.len()),
         ));
     }
-    if let Some(i) = embedding.iter().position(|x| !x.is_finite()) {
+    // One pass that vectorises (a `position` stops early and does not);
+    // the offending index is looked for only when there is one.
+    let (finite, nonzero) = embedding
+        .iter()
+        .fold((true, false), |(f, nz), x| (f & x.is_finite(), nz | (*x != 0.0)));
+    if !finite {
+        let i = embedding.iter().position(|x| !x.is_finite()).unwrap_or(0);
         return Err(ApiError::bad_field(field, format!("{field}[{i}] is not a finite f32")));
     }
-    if embedding.iter().all(|x| *x == 0.0) {
+    if !nonzero {
         return Err(ApiError::bad_field(
             field,
             format!("{field} is all zeros: cannot normalise"),

@@ -5,6 +5,9 @@
 //! the CPU of a durable insert under load. Here the array is found by a
 //! scan that skips blocks of digits, its numbers are read eight digits at a
 //! time, and serde_json parses the rest of the body with the array cut out.
+//! An embedding spelt as base64 is cut out the same way and decoded from
+//! the body's bytes: serde_json would scan its 4 KB for escapes and check
+//! it as UTF-8 before the decoder saw it.
 //!
 //! The result is the one serde_json gives, bit for bit: a number becomes
 //! an f32 by serde_json's own steps (the digits as a u64, times or divided
@@ -51,7 +54,11 @@ pub fn parse_with_embedding<T: DeserializeOwned + WithEmbedding>(bytes: &[u8], m
 /// The fast path; None sends the body to serde_json whole.
 fn fast_parse<T: DeserializeOwned + WithEmbedding>(bytes: &[u8], max_depth: usize) -> Option<T> {
     let span = embedding_span(bytes, max_depth)?;
-    let embedding = parse_f32_array(&bytes[span.clone()])?;
+    let embedding = match bytes[span.start] {
+        b'[' => parse_f32_array(&bytes[span.clone()])?,
+        // A string with no backslash: its bytes are its text.
+        _ => crate::api::embedding::decode_base64_f32(&bytes[span.start + 1..span.end - 1]).ok()?,
+    };
     let mut rest = Vec::with_capacity(bytes.len() - span.len() + 2);
     rest.extend_from_slice(&bytes[..span.start]);
     rest.extend_from_slice(b"[]");
@@ -62,7 +69,8 @@ fn fast_parse<T: DeserializeOwned + WithEmbedding>(bytes: &[u8], max_depth: usiz
 }
 
 /// Where the value of the top-level key `embedding` lies, from its `[` to
-/// its `]`; None when there is no such array, the nesting goes beyond
+/// its `]` or quote to quote; None when it is neither an array nor a string
+/// without escapes, the nesting goes beyond
 /// `max_depth` (serde_json's path then names the offset), or the top
 /// level's keys are not plain (one written with a backslash might spell
 /// `embedding`; the key twice must be refused by serde_json). One walk
@@ -83,7 +91,7 @@ fn embedding_span(bytes: &[u8], max_depth: usize) -> Option<Range<usize>> {
             _ => {}
         }
         if !was_in_string && depth_before == 2 && state.depth == 1 {
-            keys.closed_at_depth_one(at);
+            keys.closed_at_depth_one(bytes, at);
         }
         ControlFlow::Continue(())
     });
@@ -101,8 +109,9 @@ struct TopKeys {
     /// That string has a backslash.
     escaped: bool,
     seen: bool,
-    /// The `[` right after the `embedding` key, then the whole array.
-    array_start: Option<usize>,
+    /// The `[` or `"` right after the `embedding` key, then the whole
+    /// array or string.
+    value_start: Option<usize>,
     span: Option<Range<usize>>,
 }
 
@@ -113,10 +122,17 @@ impl TopKeys {
     }
 
     /// A depth-1 string ended at `at`: if a `:` follows it is a key. None
-    /// when the keys are not plain.
+    /// when the keys are not plain, or the embedding is a string with an
+    /// escape (serde_json reads those).
     fn string_closed(&mut self, bytes: &[u8], at: usize) -> Option<()> {
         let colon = skip_ws(bytes, at + 1);
         if bytes.get(colon) != Some(&b':') {
+            if self.value_start == Some(self.string_start) && self.span.is_none() {
+                if self.escaped {
+                    return None;
+                }
+                self.span = Some(self.string_start..at + 1);
+            }
             return Some(());
         }
         if self.escaped || (self.seen && &bytes[self.string_start + 1..at] == b"embedding") {
@@ -125,15 +141,16 @@ impl TopKeys {
         if &bytes[self.string_start + 1..at] == b"embedding" {
             self.seen = true;
             let value = skip_ws(bytes, colon + 1);
-            self.array_start = (bytes.get(value) == Some(&b'[')).then_some(value);
+            self.value_start = matches!(bytes.get(value), Some(b'[' | b'"')).then_some(value);
         }
         Some(())
     }
 
     /// A bracket at `at` brought the depth back to 1.
-    fn closed_at_depth_one(&mut self, at: usize) {
-        if let (Some(start), None) = (self.array_start, &self.span)
+    fn closed_at_depth_one(&mut self, bytes: &[u8], at: usize) {
+        if let (Some(start), None) = (self.value_start, &self.span)
             && start < at
+            && bytes[start] == b'['
         {
             self.span = Some(start..at + 1);
         }

@@ -159,6 +159,51 @@ fn the_nesting_limit_holds() {
     assert!(e.message.contains("nested deeper"), "{}", e.message);
 }
 
+/// A base64 embedding is decoded from the body's bytes when its string
+/// has no escape; anything else (escapes, bad base64, not whole floats,
+/// not a string, the key twice) is serde_json's to read or refuse.
+#[test]
+fn a_base64_string_is_cut_out_and_decoded() {
+    assert_eq!(fast(&body("\"AACAPw==\"")), [1.0]);
+    assert_eq!(fast(&body(" \"AACAPwAAAMA=\" ")), [1.0, -2.0]);
+    assert_eq!(fast(&body("\"\"")), Vec::<f32>::new());
+    let escaped = [r#""AACAPw\u003d\u003d""#, r#""AAC\/PwAAAMA=""#];
+    for text in escaped {
+        agrees(&body(text));
+        assert!(
+            fast_parse::<InsertRequest>(body(text).as_bytes(), DEPTH).is_none(),
+            "{text}"
+        );
+    }
+    assert_eq!(
+        parse_with_embedding::<InsertRequest>(body(escaped[0]).as_bytes(), DEPTH)
+            .unwrap()
+            .embedding,
+        [1.0]
+    );
+    let refused = [
+        "\"AACAP\"",
+        "\"AACAPwAA\"",
+        r#""AACA\u00e9w==""#,
+        "\"AACA\u{e9}w==\"",
+        "\"AACAPw== \"",
+        "\"AACAPw==\" \"x\"",
+    ];
+    for text in refused {
+        agrees(&body(text));
+        assert!(
+            parse_with_embedding::<InsertRequest>(body(text).as_bytes(), DEPTH).is_err(),
+            "{text}"
+        );
+    }
+    let twice = r#"{"tree":"t","attach":"root","label":"SUCCESS","scenario":"s","payload":{},"embedding":"AACAPw==","embedding":[2]}"#;
+    agrees(twice);
+    assert!(fast_parse::<InsertRequest>(twice.as_bytes(), DEPTH).is_none());
+    let nested = r#"{"embedding":"AAAAQA==","tree":"t","attach":"root","label":"SUCCESS","scenario":"s","payload":{"embedding":"AACAPw=="}}"#;
+    agrees(nested);
+    assert_eq!(fast(nested), [2.0]);
+}
+
 /// How a client may print a float: Rust's shortest f32 and f64 forms,
 /// exponent forms, fixed digits, integers.
 fn printed(x: f32, style: u8) -> String {
@@ -204,5 +249,16 @@ proptest! {
         } else {
             prop_assert!(items.iter().any(|i| i.len() > 20 || i.contains("e-") || i.contains("E-")), "{}", text);
         }
+    }
+
+    /// Any f32 bits spelt as base64 arrive bit for bit through the fast
+    /// path, as serde_json reads them.
+    #[test]
+    fn base64_vectors_agree_with_serde_json(raw in prop::collection::vec(any::<u32>(), 0..40)) {
+        let values: Vec<f32> = raw.iter().map(|b| f32::from_bits(*b)).collect();
+        let text = body(&format!("\"{}\"", crate::api::embedding::encode_base64_f32(&values)));
+        agrees(&text);
+        let ours = fast_parse::<InsertRequest>(text.as_bytes(), DEPTH).expect("the fast path takes plain base64");
+        prop_assert_eq!(bits(&ours.embedding), raw);
     }
 }
