@@ -256,7 +256,8 @@ fn embeddings_may_travel_as_base64() {
     assert_eq!(e["field"], "embedding", "{e}");
     let e = server.fails("POST", "/v1/trees/task/query", Some(r#"{"embedding": "AAA*"}"#), 400);
     assert!(e["error"].as_str().unwrap().contains("base64"), "{e}");
-    // Only base64 can carry a NaN or an infinity: refused, with the index.
+    // A NaN can travel only as base64 (an infinity also as a decimal too
+    // large for f32): refused, with the index.
     for (at, bad) in [(5, f32::NAN), (DIM - 1, f32::INFINITY)] {
         let mut v = vector(DIM, 9);
         v[at] = bad;

@@ -160,37 +160,52 @@ fn a_bad_base64_embedding_is_named() {
     assert!(m.contains("base64 string"), "{m}");
 }
 
-/// A string over base64's alphabet, its padding and a few bytes outside
-/// it, or a real encoding with one byte changed: the near misses where two
-/// decoders could differ (padding, trailing bits, length).
-fn base64_like() -> impl proptest::strategy::Strategy<Value = String> {
+/// Bytes over base64's alphabet, its padding and a few bytes outside it
+/// (non-ASCII too), long enough for the SIMD engine's blocks, or a real
+/// encoding with one byte changed: the near misses where two decoders
+/// could differ (padding, trailing bits, length).
+fn base64_like() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
     use proptest::prelude::*;
-    let symbols = proptest::sample::select(b"AQgw/+9zB=\n -*".to_vec());
-    let loose = proptest::collection::vec(symbols, 0..24).prop_map(|b| String::from_utf8(b).unwrap());
-    let bytes = proptest::collection::vec(any::<u8>(), 0..40);
-    let mutated = (bytes, any::<usize>(), proptest::sample::select(b"A=/_\n".to_vec())).prop_map(|(b, at, with)| {
-        let mut text = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, b).into_bytes();
-        if !text.is_empty() {
-            let i = at % text.len();
-            text[i] = with;
-        }
-        String::from_utf8(text).unwrap()
-    });
-    prop_oneof![loose, mutated]
+    let symbols = proptest::sample::select(b"AQgw/+9zB=\n -*\xe9\x80".to_vec());
+    let loose = proptest::collection::vec(symbols, 0..120);
+    let bytes = proptest::collection::vec(any::<u8>(), 0..120);
+    let mutated =
+        (bytes, any::<usize>(), proptest::sample::select(b"A=/_\n\xff".to_vec())).prop_map(|(b, at, with)| {
+            let mut text = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, b).into_bytes();
+            if !text.is_empty() {
+                let i = at % text.len();
+                text[i] = with;
+            }
+            text
+        });
+    let whole = proptest::collection::vec(any::<u8>(), 0..120)
+        .prop_map(|b| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, b).into_bytes());
+    // The symbol before the padding replaced: most carry bits the value
+    // has no room for (non-canonical), which a lax decoder would drop.
+    let alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".to_vec();
+    let tail = (
+        proptest::collection::vec(any::<u8>(), 1..120),
+        proptest::sample::select(alphabet),
+    )
+        .prop_map(|(b, with)| {
+            let mut text = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, b).into_bytes();
+            let last = text.iter().rposition(|c| *c != b'=').unwrap();
+            text[last] = with;
+            text
+        });
+    prop_oneof![loose, mutated, whole, tail]
 }
 
 proptest::proptest! {
-    /// `decode_base64_f32` decodes with `base64-simd`; its words on a
-    /// refusal, and what the schema documents, are the `base64` crate's.
-    /// Both must take and refuse the same strings, to the same bytes.
+    /// `decode_base64_f32` decodes with the SIMD engine; the scalar engine
+    /// words its refusals and is what the schema describes. It must take
+    /// and refuse the same strings, to the same bytes, and say why.
     #[test]
-    fn both_decoders_accept_the_same_strings(text in base64_like()) {
+    fn the_simd_engine_decodes_as_the_scalar_one(text in base64_like()) {
         use base64::Engine as _;
-        let theirs = base64::engine::general_purpose::STANDARD.decode(&text).ok();
-        let ours = base64_simd::STANDARD.decode_to_vec(text.as_bytes()).ok();
-        proptest::prop_assert_eq!(&ours, &theirs, "{:?}", text);
-        let floats = embedding::decode_base64_f32(text.as_bytes());
-        match theirs {
+        let scalar = base64::engine::general_purpose::STANDARD.decode(&text).ok();
+        let floats = embedding::decode_base64_f32(&text);
+        match scalar {
             Some(bytes) if bytes.len() % 4 == 0 => {
                 let want: Vec<u32> = bytes.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
                 let got: Vec<u32> = floats.unwrap().iter().map(|x| x.to_bits()).collect();

@@ -123,7 +123,8 @@ impl TopKeys {
 
     /// A depth-1 string ended at `at`: if a `:` follows it is a key. None
     /// when the keys are not plain, or the embedding is a string with an
-    /// escape (serde_json reads those).
+    /// escape (serde_json reads those; a backslash is never base64, so
+    /// this only skips a decode bound to fail).
     fn string_closed(&mut self, bytes: &[u8], at: usize) -> Option<()> {
         let colon = skip_ws(bytes, at + 1);
         if bytes.get(colon) != Some(&b':') {
