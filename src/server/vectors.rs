@@ -69,10 +69,10 @@ fn fast_parse<T: DeserializeOwned + WithEmbedding>(bytes: &[u8], max_depth: usiz
 }
 
 /// Where the value of the top-level key `embedding` lies, from its `[` to
-/// its `]` or quote to quote; None when it is neither an array nor a string
-/// without escapes, the nesting goes beyond
-/// `max_depth` (serde_json's path then names the offset), or the top
-/// level's keys are not plain (one written with a backslash might spell
+/// its `]` or quote to quote; None when it is neither an array nor a
+/// string without escapes, the nesting goes beyond `max_depth`
+/// (serde_json's path then names the offset), or the top level's keys
+/// are not plain (one written with a backslash might spell
 /// `embedding`; the key twice must be refused by serde_json). One walk
 /// checks the nesting and finds the keys.
 fn embedding_span(bytes: &[u8], max_depth: usize) -> Option<Range<usize>> {
