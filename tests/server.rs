@@ -388,19 +388,47 @@ fn a_compressed_body_and_an_unknown_parent_are_named() {
     let (_dir, path) = bank(DIM as u32);
     let server = Server::start(&path, &[]);
     let address = server.base.trim_start_matches("http://").to_string();
-    let mut client = TcpStream::connect(&address).unwrap();
     let body = node("task", json!("root"), "a", &one_hot(0)).to_string();
     let head = format!(
         "POST /v1/nodes HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    client.write_all(head.as_bytes()).unwrap();
-    client.write_all(body.as_bytes()).unwrap();
-    client.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut answer = String::new();
-    let _ = client.read_to_string(&mut answer);
+    let answer = raw_exchange(&address, &head, body.as_bytes());
     assert!(answer.starts_with("HTTP/1.1 415"), "{answer}");
     assert!(answer.contains("gzip"), "{answer}");
+    // A second Content-Encoding, or a transfer coding hyper does not undo,
+    // is refused the same way (it was read as malformed or plain JSON).
+    let codings = [
+        (
+            "Content-Encoding: identity\r\nContent-Encoding: gzip",
+            "Content-Encoding",
+        ),
+        ("Transfer-Encoding: gzip, chunked", "Transfer-Encoding"),
+    ];
+    for (headers, named) in codings {
+        let head = format!(
+            "POST /v1/nodes HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n{headers}\r\nConnection: close\r\n\r\n"
+        );
+        let chunked = format!("{:x}\r\n{body}\r\n0\r\n\r\n", body.len());
+        let sent = if headers.contains("chunked") {
+            chunked.as_str()
+        } else {
+            body.as_str()
+        };
+        let answer = raw_exchange(&address, &head, sent.as_bytes());
+        let refused = answer.starts_with("HTTP/1.1 415") && answer.contains(named) && answer.contains("gzip");
+        assert!(refused, "{headers}: {answer}");
+    }
+    // A declared length over the limit is refused before any body is read,
+    // not invited with 100 Continue and answered after the time limit.
+    let head = format!(
+        "POST /v1/nodes HTTP/1.1\r\nHost: {address}\r\nExpect: 100-continue\r\nContent-Length: 1000000000\r\n\r\n"
+    );
+    let answer = raw_exchange(&address, &head, b"");
+    assert!(
+        answer.starts_with("HTTP/1.1 413") && answer.contains("1000000000 bytes"),
+        "{answer}"
+    );
     let orphan = node("task", json!({"parent": 7}), "b", &one_hot(1)).to_string();
     let e = server.fails("POST", "/v1/nodes", Some(&orphan), 404);
     assert_eq!(e["field"], "attach", "{e}");
@@ -507,6 +535,75 @@ fn metric(text: &str, name: &str) -> u64 {
     text.lines()
         .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
         .unwrap_or_else(|| panic!("{name} not in {text}"))
+}
+
+/// Sends `head` and `body` on a new connection, then reads the answer
+/// until the server closes it (or 20 s pass).
+fn raw_exchange(address: &str, head: &str, body: &[u8]) -> String {
+    let mut client = TcpStream::connect(address).unwrap();
+    client.write_all(head.as_bytes()).unwrap();
+    client.write_all(body).unwrap();
+    client.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    // Until EOF, or until an answer with `Connection: close` semantics
+    // stops arriving (a refused body leaves the connection to the server).
+    while let Ok(n @ 1..) = client.read(&mut chunk) {
+        answer.extend_from_slice(&chunk[..n]);
+        if answer.windows(4).any(|w| w == b"\r\n\r\n") && answer.ends_with(b"}") {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A request head that never completes (a byte of it, or nothing at all)
+/// is closed by the server within the time limit, and cannot keep a
+/// SIGTERM from ending the server: before, both waited for the client.
+#[test]
+fn a_stalled_request_head_is_closed_and_cannot_hold_shutdown() {
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &["--request-timeout-ms", "1000"]);
+    let address = server.base.trim_start_matches("http://").to_string();
+    let mut partial = TcpStream::connect(&address).unwrap();
+    partial.write_all(b"G").unwrap();
+    let mut silent = TcpStream::connect(&address).unwrap();
+    for stalled in [&mut partial, &mut silent] {
+        stalled.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        let started = std::time::Instant::now();
+        let mut rest = Vec::new();
+        // EOF or a reset, not the read timeout.
+        match stalled.read_to_end(&mut rest) {
+            Ok(_) => {}
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    }
+    assert_eq!(server.get("/v1/bank")["node_count"], 0);
+    let mut holding = TcpStream::connect(&address).unwrap();
+    holding.write_all(b"POST /v1/nodes HTTP/1.1\r\nHost").unwrap();
+    // `terminate` fails the test after 60 s.
+    assert_eq!(server.terminate(), 0);
+    drop(holding);
+}
+
+/// A path no route serves and a method a route does not take are JSON
+/// errors like the rest (they were empty bodies).
+#[test]
+fn unknown_routes_and_methods_answer_json() {
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &[]);
+    for (method, route, status) in [
+        ("GET", "/nope", 404),
+        ("GET", "/v1/bank/", 404),
+        ("POST", "/v1/trees/task//query", 404),
+        ("DELETE", "/v1/nodes/0", 405),
+        ("POST", "/v1/bank", 405),
+    ] {
+        let e = server.fails(method, route, Some("{}").filter(|_| method == "POST"), status);
+        let said = e["error"].as_str().unwrap();
+        assert!(said.contains(method) && said.contains(route), "{method} {route}: {e}");
+    }
 }
 
 /// A client that sends half a body and stalls gets 408 after the time

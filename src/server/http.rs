@@ -87,6 +87,8 @@ pub fn router(state: AppState, mcp: Router<AppState>) -> Router {
     let body_limit = state.limits.body_bytes;
     super::routes::api()
         .merge(mcp)
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
@@ -111,6 +113,19 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
     let route = matched.as_ref().map_or(unmatched, MatchedPath::as_str);
     state.core.metrics().request(route, response.status().as_u16(), seconds);
     response
+}
+
+/// A path no route serves: a JSON 404 like every other error.
+async fn no_route(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, format!("no route {method} {}", uri.path()))
+}
+
+/// A route asked with a method it does not take (axum adds `Allow`).
+async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} does not take {method}", uri.path()),
+    )
 }
 
 /// Route label of a request no route matched (bounded set of labels).
@@ -167,18 +182,21 @@ impl<T: DeserializeOwned + WithEmbedding> FromRequest<AppState> for VectorBody<T
 
 /// A request's body, read within the time and size limits.
 async fn read_body(request: Request, state: &AppState) -> Result<axum::body::Bytes, ApiError> {
-    // A compressed body would reach the JSON parser as bytes it cannot
-    // read, or be misread: refuse it by name instead.
-    if let Some(encoding) = request.headers().get(axum::http::header::CONTENT_ENCODING) {
-        let encoding = String::from_utf8_lossy(encoding.as_bytes()).trim().to_ascii_lowercase();
-        if encoding != "identity" {
-            return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                format!("Content-Encoding {encoding:?} is not supported: send the body uncompressed"),
-            ));
-        }
-    }
+    check_codings(request.headers())?;
     let limits = &state.limits;
+    // Refused before any of the body is read (and before hyper answers an
+    // `Expect: 100-continue`), not after the limit's worth has arrived.
+    let declared = request.headers().get(axum::http::header::CONTENT_LENGTH);
+    if let Some(length) = declared
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        && length > limits.body_bytes as u64
+    {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body of {length} bytes larger than {} bytes", limits.body_bytes),
+        ));
+    }
     let read = axum::body::Bytes::from_request(request, state);
     match tokio::time::timeout(Duration::from_millis(limits.request_ms), read).await {
         Err(_) => Err(ApiError::new(
@@ -195,6 +213,38 @@ async fn read_body(request: Request, state: &AppState) -> Result<axum::body::Byt
         )),
         Ok(Ok(bytes)) => Ok(bytes),
     }
+}
+
+/// Refuses a body that arrives compressed: it would reach the JSON parser
+/// as bytes it cannot read, or be misread. Every `Content-Encoding`
+/// header counts (a second one may name gzip), and every transfer coding
+/// but `chunked` (hyper undoes only that one).
+fn check_codings(headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+    let codings = |name| {
+        headers
+            .get_all(name)
+            .iter()
+            .flat_map(|v| {
+                String::from_utf8_lossy(v.as_bytes())
+                    .split(',')
+                    .map(|c| c.trim().to_ascii_lowercase())
+                    .collect::<Vec<_>>()
+            })
+            .filter(|c| !c.is_empty() && c != "identity")
+    };
+    if let Some(coding) = codings(axum::http::header::CONTENT_ENCODING).next() {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("Content-Encoding {coding:?} is not supported: send the body uncompressed"),
+        ));
+    }
+    if let Some(coding) = codings(axum::http::header::TRANSFER_ENCODING).find(|c| c != "chunked") {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("Transfer-Encoding {coding:?} is not supported: send the body uncompressed"),
+        ));
+    }
+    Ok(())
 }
 
 /// Parses a JSON body, naming the field that is wrong.

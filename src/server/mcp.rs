@@ -145,7 +145,10 @@ impl Memory for SharedBank {
 pub struct QueryParams {
     /// Tree to search, e.g. "task" or "env".
     pub tree: String,
-    /// Query vector with the bank's dimension.
+    /// Query vector with the bank's dimension: an array of numbers, or
+    /// base64 of little-endian f32 values (as `store_node` takes).
+    #[serde(deserialize_with = "crate::api::embedding::embedding")]
+    #[schemars(with = "crate::api::embedding::EmbeddingSchema")]
     pub embedding: Vec<f32>,
     /// How many matches to return (default 1, at most 100).
     #[serde(default)]

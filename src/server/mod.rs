@@ -13,6 +13,7 @@ mod commit;
 mod core;
 mod error;
 mod http;
+mod listen;
 pub mod mcp;
 mod metrics;
 pub mod openapi;
@@ -25,6 +26,7 @@ mod vectors;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 pub use self::core::Core;
 pub use error::ApiError;
@@ -68,7 +70,8 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServeError {
 }
 
 /// Runs the server until SIGTERM or SIGINT, then stops accepting,
-/// finishes requests in flight, checkpoints and returns. `ready` is told
+/// finishes requests in flight (waiting at most `SHUTDOWN_DRAIN`),
+/// checkpoints and returns. `ready` is told
 /// the bound address (the port may have been 0).
 pub fn serve(config: ServeConfig, ready: impl FnOnce(SocketAddr)) -> Result<(), ServeError> {
     if !http::is_loopback(&config.listen) && config.token.is_none() {
@@ -111,14 +114,21 @@ async fn run(config: ServeConfig, core: Arc<Core>, ready: impl FnOnce(SocketAddr
     let app = http::router(state, mcp);
     let stop = shutdown_signal()?;
     ready(bound);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            stop.await;
-            cancel.cancel();
-        })
-        .await
-        .map_err(io("the server failed"))
+    let stop = async move {
+        stop.await;
+        cancel.cancel();
+    };
+    let head = Duration::from_millis(config.limits.request_ms);
+    listen::serve(listener, app, stop, head, SHUTDOWN_DRAIN).await;
+    Ok(())
 }
+
+/// How long a shutdown waits for requests in flight. Long enough for a
+/// `/v1/record` whose LLM calls are slow (the client reads for up to 300 s
+/// a try, docs/AGENT.md), bounded so that a client that stops reading its
+/// answer cannot keep the server from exiting. Cut-off requests lose only
+/// their answers: the writer still drains and the checkpoint runs.
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(600);
 
 /// Resolves on SIGTERM or SIGINT. The handlers are installed when this
 /// is called (before the server announces itself), not when first polled,

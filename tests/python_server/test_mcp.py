@@ -12,12 +12,14 @@ DELTAMEM_REQUIRE_ASSETS is set. The LLM is chat_stub.ChatStub on 127.0.0.1.
 """
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
 import random
 import re
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -124,6 +126,10 @@ async def exercise(session):
     assert not err and child["parent"] == ack["id"], child
     err, found = await call(session, "query_memory", {"tree": "task", "embedding": near, "k": 2})
     assert not err and found["matches"][0]["id"] == child["id"], found
+    # The same query with the embedding as base64 of little-endian f32.
+    spelt = base64.b64encode(struct.pack("<8f", *near)).decode()
+    err, by_base64 = await call(session, "query_memory", {"tree": "task", "embedding": spelt, "k": 2})
+    assert not err and by_base64 == found, by_base64
     err, hit = await call(session, "count_success_hit", {"id": child["id"]})
     assert not err and hit["success_hits"] == 1, hit
     err, chain = await call(session, "show_chain", {"id": child["id"], "render": True})

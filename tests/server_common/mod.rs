@@ -105,6 +105,13 @@ impl Server {
                 }
                 r.call()
             }
+            ("DELETE", _) => {
+                let mut r = self.agent.delete(&url);
+                if let Some(a) = &auth {
+                    r = r.header("authorization", a);
+                }
+                r.call()
+            }
             (m, b) => {
                 let mut r = self.agent.post(&url).header("content-type", "application/json");
                 if m == "PUT" {
