@@ -330,6 +330,15 @@ fn every_error_status_names_the_problem() {
     server.fails("GET", "/v1/nodes/99", None, 404);
     server.fails("GET", "/v1/nodes/no-such-id", None, 404);
     server.fails("POST", "/v1/nodes/99/hit", Some(""), 404);
+    // An index past u32 is as unknown as any other, and names the field.
+    for id in ["4294967295", "4294967296"] {
+        let e = server.fails("GET", &format!("/v1/nodes/{id}"), None, 404);
+        assert_eq!(
+            (e["field"].as_str(), e["error"].as_str()),
+            (Some("id"), Some(&*format!("unknown node {id}"))),
+            "{e}"
+        );
+    }
     server.fails("GET", "/v1/trees/nope/nodes", None, 404);
     let (status, _) = server.call("GET", "/v1/no/such/route", None);
     assert_eq!(status, 404);

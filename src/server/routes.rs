@@ -57,7 +57,8 @@ pub fn node_ref(path: Result<Path<String>, PathRejection>) -> ApiResult<NodeRef>
         return text
             .parse()
             .map(NodeRef::Index)
-            .map_err(|_| ApiError::new(StatusCode::NOT_FOUND, format!("unknown node {text}")));
+            // Digits past u32 name no node: the same 404 as any unknown one.
+            .map_err(|_| ApiError::from_bank(crate::bank::BankError::UnknownNode(text.clone()), "id"));
     }
     Ok(NodeRef::External(text))
 }
