@@ -547,7 +547,9 @@ fn metric(text: &str, name: &str) -> u64 {
 }
 
 /// Sends `head` and `body` on a new connection, then reads the answer
-/// until the server closes it (or 20 s pass).
+/// until the server closes the connection or the answer's JSON body has
+/// ended (after a refused body the server may keep the connection), or
+/// 20 s pass.
 fn raw_exchange(address: &str, head: &str, body: &[u8]) -> String {
     let mut client = TcpStream::connect(address).unwrap();
     client.write_all(head.as_bytes()).unwrap();
@@ -555,8 +557,6 @@ fn raw_exchange(address: &str, head: &str, body: &[u8]) -> String {
     client.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut answer = Vec::new();
     let mut chunk = [0u8; 4096];
-    // Until EOF, or until an answer with `Connection: close` semantics
-    // stops arriving (a refused body leaves the connection to the server).
     while let Ok(n @ 1..) = client.read(&mut chunk) {
         answer.extend_from_slice(&chunk[..n]);
         if answer.windows(4).any(|w| w == b"\r\n\r\n") && answer.ends_with(b"}") {

@@ -94,14 +94,18 @@ pub fn router(state: AppState, mcp: Router<AppState>) -> Router {
         .with_state(state)
 }
 
-/// Authentication and metrics around every request.
+/// Authentication, the body's framing and metrics around every request
+/// (the MCP endpoint's bodies, read by rmcp, included).
 async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     // A matched path is an Arc'd str: cloned, not copied, per request.
     let matched = request.extensions().get::<MatchedPath>().cloned();
     let unmatched = unmatched_route(request.uri().path());
     let response = match authorised(&state, &request) {
-        true => next.run(request).await,
+        true => match check_framing(request.headers(), &state.limits) {
+            Ok(()) => next.run(request).await,
+            Err(e) => e.into_response(),
+        },
         false => {
             let mut r = ApiError::new(StatusCode::UNAUTHORIZED, "missing or wrong bearer token").into_response();
             r.headers_mut()
@@ -182,21 +186,8 @@ impl<T: DeserializeOwned + WithEmbedding> FromRequest<AppState> for VectorBody<T
 
 /// A request's body, read within the time and size limits.
 async fn read_body(request: Request, state: &AppState) -> Result<axum::body::Bytes, ApiError> {
-    check_codings(request.headers())?;
+    // `guard` has checked the codings and the declared length.
     let limits = &state.limits;
-    // Refused before any of the body is read (and before hyper answers an
-    // `Expect: 100-continue`), not after the limit's worth has arrived.
-    let declared = request.headers().get(axum::http::header::CONTENT_LENGTH);
-    if let Some(length) = declared
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        && length > limits.body_bytes as u64
-    {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body of {length} bytes larger than {} bytes", limits.body_bytes),
-        ));
-    }
     let read = axum::body::Bytes::from_request(request, state);
     match tokio::time::timeout(Duration::from_millis(limits.request_ms), read).await {
         Err(_) => Err(ApiError::new(
@@ -218,8 +209,11 @@ async fn read_body(request: Request, state: &AppState) -> Result<axum::body::Byt
 /// Refuses a body that arrives compressed: it would reach the JSON parser
 /// as bytes it cannot read, or be misread. Every `Content-Encoding`
 /// header counts (a second one may name gzip), and every transfer coding
-/// but `chunked` (hyper undoes only that one).
-fn check_codings(headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+/// but `chunked` (hyper undoes only that one). A declared length over the
+/// limit is refused too, before any of the body is read (and before hyper
+/// answers an `Expect: 100-continue`), not after the limit's worth has
+/// arrived.
+fn check_framing(headers: &axum::http::HeaderMap, limits: &Limits) -> Result<(), ApiError> {
     let codings = |name| {
         headers
             .get_all(name)
@@ -242,6 +236,17 @@ fn check_codings(headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
         return Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             format!("Transfer-Encoding {coding:?} is not supported: send the body uncompressed"),
+        ));
+    }
+    let declared = headers.get(axum::http::header::CONTENT_LENGTH);
+    if let Some(length) = declared
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        && length > limits.body_bytes as u64
+    {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body of {length} bytes larger than {} bytes", limits.body_bytes),
         ));
     }
     Ok(())

@@ -58,7 +58,7 @@ pub fn node_ref(path: Result<Path<String>, PathRejection>) -> ApiResult<NodeRef>
             .parse()
             .map(NodeRef::Index)
             // Digits past u32 name no node: the same 404 as any unknown one.
-            .map_err(|_| ApiError::from_bank(crate::bank::BankError::UnknownNode(text.clone()), "id"));
+            .map_err(|_| ApiError::from_bank(crate::bank::BankError::UnknownNode(text), "id"));
     }
     Ok(NodeRef::External(text))
 }
