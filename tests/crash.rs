@@ -290,6 +290,10 @@ fn durable_commit_before_a_failed_checkpoint_is_reported_as_made() {
             match &result {
                 Ok(()) if bank.checkpoint_failure().is_some() => {
                     saved_with_failed_checkpoint += 1;
+                    // The commit was durable: a sync after it (as `deltamem
+                    // mcp` runs after each write) must not call it lost.
+                    bank.sync()
+                        .unwrap_or_else(|e| panic!("{what}: sync after a durable commit: {e}"));
                     assert!(
                         bank.insert(probe_node()).is_err(),
                         "{what}: poisoned handle took a write"

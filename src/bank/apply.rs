@@ -222,13 +222,19 @@ impl Bank {
 
     /// Makes every committed record durable. After a failed fsync the bank
     /// is poisoned: fsync is never retried (the kernel may have dropped the
-    /// dirty pages and a second fsync could report success falsely).
+    /// dirty pages and a second fsync could report success falsely). With
+    /// nothing left to sync it succeeds on a poisoned bank too: a commit
+    /// whose checkpoint failed (`checkpoint_failure`) was durable, and a
+    /// caller that syncs after it must not report it lost.
     pub fn sync(&mut self) -> Result<(), BankError> {
-        self.check_writable()?;
-        let writer = self.writer.as_mut().expect("writer");
+        let Some(writer) = self.writer.as_mut() else {
+            return self.check_writable();
+        };
         if !writer.wal.has_unsynced() {
             return Ok(());
         }
+        self.check_writable()?;
+        let writer = self.writer.as_mut().expect("writer");
         if let Err(e) = writer.wal.sync() {
             writer.poisoned = Some(e.to_string());
             return Err(e.into());
