@@ -291,6 +291,13 @@ fn every_error_status_names_the_problem() {
     assert_eq!(e["field"], "scenario", "{e}");
     let e = server.fails("POST", "/v1/nodes", Some(&insert(json!({"label": "MAYBE"}))), 400);
     assert_eq!(e["field"], "label", "{e}");
+    // Well-formed JSON of the wrong type is named as such, not as broken.
+    let e = server.fails("POST", "/v1/nodes", Some(&insert(json!({"attach": 5}))), 400);
+    let message = e["error"].as_str().unwrap();
+    assert!(
+        e["field"] == "attach" && message.contains("integer `5`") && !message.contains("malformed"),
+        "{e}"
+    );
     server.fails("POST", "/v1/nodes", Some("{\"tree\": "), 400);
     server.fails("POST", "/v1/nodes", Some("[1]"), 400);
     let deep = format!("{}{}", "[".repeat(40), "]".repeat(40));

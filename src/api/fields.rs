@@ -70,13 +70,70 @@ impl<'de> Deserialize<'de> for NodeRefJson {
 }
 
 /// Where an inserted node goes: `"auto"`, `"root"` or `{"parent": ID}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum AttachJson {
     Auto,
     Root,
     Parent(NodeRefJson),
+}
+
+/// By hand, as the two enums below: serde_json refuses a derived enum
+/// given a number, a list or null with "expected value", as if the JSON
+/// were broken; this names the type given and the forms allowed.
+impl<'de> Deserialize<'de> for AttachJson {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<AttachJson, D::Error> {
+        struct AttachVisitor;
+        impl<'de> Visitor<'de> for AttachVisitor {
+            type Value = AttachJson;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(r#""auto", "root" or {"parent": ID}"#)
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<AttachJson, E> {
+                match v {
+                    "auto" => Ok(AttachJson::Auto),
+                    "root" => Ok(AttachJson::Root),
+                    _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AttachJson, A::Error> {
+                let parent = match map.next_key::<String>()?.as_deref() {
+                    Some("parent") => map.next_value::<NodeRefJson>()?,
+                    Some(other) => return Err(de::Error::unknown_field(other, &["parent"])),
+                    None => return Err(de::Error::invalid_length(0, &self)),
+                };
+                match map.next_key::<String>()? {
+                    None => Ok(AttachJson::Parent(parent)),
+                    Some(other) => Err(de::Error::custom(format!(
+                        "a second key `{other}` beside `parent`: expected {{\"parent\": ID}} alone"
+                    ))),
+                }
+            }
+        }
+        d.deserialize_any(AttachVisitor)
+    }
+}
+
+/// A variant given by name, read through `deserialize_any` so that a
+/// value of another type is named (see `AttachJson`'s `Deserialize`).
+struct NamedVariant<T: 'static> {
+    /// (name, variant), every name the JSON may give.
+    names: &'static [(&'static str, T)],
+}
+
+impl<T: Copy> Visitor<'_> for NamedVariant<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let names: Vec<String> = self.names.iter().map(|(n, _)| format!("{n:?}")).collect();
+        write!(f, "one of {}", names.join(", "))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+        match self.names.iter().find(|(n, _)| *n == v) {
+            Some((_, t)) => Ok(*t),
+            None => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+        }
+    }
 }
 
 impl From<AttachJson> for Attach {
@@ -89,13 +146,20 @@ impl From<AttachJson> for Attach {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum LabelJson {
     #[serde(rename = "SUCCESS")]
     Success,
     #[serde(rename = "FAILURE")]
     Failure,
+}
+
+impl<'de> Deserialize<'de> for LabelJson {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<LabelJson, D::Error> {
+        const NAMES: &[(&str, LabelJson)] = &[("SUCCESS", LabelJson::Success), ("FAILURE", LabelJson::Failure)];
+        d.deserialize_any(NamedVariant { names: NAMES })
+    }
 }
 
 impl From<LabelJson> for Label {
@@ -116,13 +180,20 @@ impl From<Label> for LabelJson {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum NodeTypeJson {
     #[serde(rename = "ROOT")]
     Root,
     #[serde(rename = "RESIDUAL")]
     Residual,
+}
+
+impl<'de> Deserialize<'de> for NodeTypeJson {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<NodeTypeJson, D::Error> {
+        const NAMES: &[(&str, NodeTypeJson)] = &[("ROOT", NodeTypeJson::Root), ("RESIDUAL", NodeTypeJson::Residual)];
+        d.deserialize_any(NamedVariant { names: NAMES })
+    }
 }
 
 impl From<NodeType> for NodeTypeJson {

@@ -219,3 +219,44 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn a_mode_label_or_type_of_the_wrong_json_type_is_named_not_called_malformed() {
+    let with = |from: &str, to: &str| GOOD.replace(from, to);
+    let attach = r#""attach":{"parent":"abc"}"#;
+    for (given, named) in [
+        ("5", "integer `5`"),
+        ("null", "null"),
+        ("[]", "sequence"),
+        ("true", "boolean `true`"),
+    ] {
+        let m = refused::<InsertRequest>(&with(attach, &format!(r#""attach":{given}"#)));
+        assert!(
+            m.contains(named) && m.contains(r#""auto", "root" or {"parent": ID}"#),
+            "{m}"
+        );
+        let m = refused::<InsertRequest>(&with(r#""label":"FAILURE""#, &format!(r#""label":{given}"#)));
+        assert!(m.contains(named) && m.contains(r#"one of "SUCCESS", "FAILURE""#), "{m}");
+    }
+    let m = refused::<InsertRequest>(&with(attach, r#""attach":"roots""#));
+    assert!(m.contains(r#"invalid value: string "roots""#), "{m}");
+    let m = refused::<InsertRequest>(&with(attach, r#""attach":{"paren":1}"#));
+    assert!(m.contains("unknown field `paren`"), "{m}");
+    let m = refused::<InsertRequest>(&with(attach, r#""attach":{"parent":1,"root":2}"#));
+    assert!(m.contains("second key `root`"), "{m}");
+    let m = refused::<InsertRequest>(&with(attach, r#""attach":{}"#));
+    assert!(m.contains("invalid length 0"), "{m}");
+    let m = refused::<InsertRequest>(&with(attach, r#""attach":{"parent":[1]}"#));
+    assert!(m.contains("a node index (integer) or an external id (string)"), "{m}");
+    for (text, mode) in [(r#""auto""#, Attach::Auto), (r#""root""#, Attach::Root)] {
+        let node: NewNode = parse_object::<InsertRequest>(&with(attach, &format!(r#""attach":{text}"#)))
+            .unwrap()
+            .into();
+        assert_eq!(node.attach, mode);
+    }
+    for (text, t) in [("ROOT", NodeTypeJson::Root), ("RESIDUAL", NodeTypeJson::Residual)] {
+        assert_eq!(serde_json::from_str::<NodeTypeJson>(&format!("{text:?}")).unwrap(), t);
+    }
+    let e = serde_json::from_str::<NodeTypeJson>("0").unwrap_err().to_string();
+    assert!(e.contains(r#"integer `0`, expected one of "ROOT", "RESIDUAL""#), "{e}");
+}
