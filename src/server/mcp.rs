@@ -141,7 +141,11 @@ impl Memory for SharedBank {
     }
 }
 
+/// Arguments of `query_memory`. Unknown arguments are refused by name, as
+/// `store_node` and the HTTP routes refuse unknown keys: a misspelt `K`
+/// must not quietly mean k = 1.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct QueryParams {
     /// Tree to search, e.g. "task" or "env".
     pub tree: String,
@@ -157,12 +161,14 @@ pub struct QueryParams {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct NodeParams {
     /// Node index (a number) or external id (a string).
     pub id: NodeRefJson,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ChainParams {
     /// Node index (a number) or external id (a string).
     pub id: NodeRefJson,
@@ -172,6 +178,7 @@ pub struct ChainParams {
 }
 
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct NoParams {}
 
 /// The tool set, over any [`Memory`].

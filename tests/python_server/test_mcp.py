@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamablehttp_client
+from mcp.shared.exceptions import McpError
 
 from chat_stub import ChatStub
 
@@ -145,6 +146,27 @@ async def exercise(session):
     assert err and "(field k)" in message and "1..=100, got 101" in message, message
     err, message = await call(session, "show_chain", {"id": 99})
     assert err and "unknown node" in message, message
+    # Unknown arguments are refused by name: a misspelt K must not mean k = 1,
+    # and a refused count_success_hit counts nothing.
+    for tool, args, key in [("query_memory", {"tree": "task", "embedding": near, "K": 2}, "K"),
+                            ("count_success_hit", {"id": child["id"], "count": 5}, "count"),
+                            ("show_chain", {"id": child["id"], "rendr": True}, "rendr"),
+                            ("bank_stats", {"deep": True}, "deep")]:
+        message = await refused(session, tool, args)
+        assert "unknown field `%s`" % key in message, message
+    err, hit = await call(session, "count_success_hit", {"id": child["id"]})
+    assert not err and hit["success_hits"] == 2, hit
+
+
+async def refused(session, tool, args):
+    """The message of a call refused for its arguments (rmcp answers a
+    tool error; a JSON-RPC error would do as well)."""
+    try:
+        result = await session.call_tool(tool, args)
+    except McpError as e:
+        return str(e)
+    assert result.isError, "%s %s was not refused: %s" % (tool, args, result)
+    return result.content[0].text
 
 
 def test_tools_over_stdio():
