@@ -87,6 +87,7 @@ fn start(path: &Path) -> String {
         sync: SyncPolicy::Always,
         read_only: false,
         checkpoint_wal_bytes: OpenOptions::default().checkpoint_wal_bytes,
+        lock_wait: std::time::Duration::ZERO,
         limits: Limits::default(),
     };
     std::thread::spawn(move || serve(config, |addr: SocketAddr| tx.send(addr).unwrap()).unwrap());

@@ -17,6 +17,11 @@ struct Cli {
     /// Print only results and errors, no progress or narration.
     #[arg(long, global = true)]
     quiet: bool,
+    /// Longest wait, in ms, for another process (a `deltamem mcp`, an
+    /// agent, another command) to release the bank's writer lock before a
+    /// command that writes, `serve` or `mcp` gives up.
+    #[arg(long, global = true, default_value_t = 10_000)]
+    lock_wait_ms: u64,
     #[command(subcommand)]
     command: Command,
 }
@@ -201,6 +206,7 @@ enum Command {
 
 fn run(cli: Cli) -> anyhow::Result<Status> {
     let quiet = cli.quiet;
+    cli::set_lock_wait(std::time::Duration::from_millis(cli.lock_wait_ms));
     match cli.command {
         Command::Init {
             bank,

@@ -484,9 +484,14 @@ fn second_writer_is_refused_while_first_runs() {
     let ack = acks.recv_timeout(Duration::from_secs(10)).expect("an ack");
     assert_eq!(ack["id"], 0);
 
-    let second = deltamem(&["insert", s(&b)], &task(json!("root"), "other", &[0.0, 1.0, 0.0, 0.0]));
+    let other = task(json!("root"), "other", &[0.0, 1.0, 0.0, 0.0]);
+    let second = deltamem(&["insert", s(&b), "--lock-wait-ms", "300"], &other);
     assert_eq!(second.code, 1);
-    assert!(second.stderr.contains("locked by another process"), "{}", second.stderr);
+    let refusal = &second.stderr;
+    assert!(
+        refusal.contains("locked by another process") && refusal.contains("waited 300 ms"),
+        "{refusal}"
+    );
     // Readers take no lock and already see the acknowledged node.
     assert_eq!(ok(&["dump", s(&b)], "").lines().len(), 1);
 
@@ -495,6 +500,25 @@ fn second_writer_is_refused_while_first_runs() {
     let nodes = ok(&["dump", s(&b)], "").lines();
     assert_eq!(nodes.len(), 1);
     assert_eq!(nodes[0]["scenario"], "held");
+}
+
+/// A write command waits (bounded) for a writer lock another process
+/// holds briefly, as `deltamem mcp` processes do, instead of failing.
+#[test]
+fn a_writer_waits_for_the_lock_to_be_released() {
+    let (_dir, b) = bank(&[]);
+    let (mut first, stdin, acks) = start_insert(&b, "always");
+    send(&stdin, &task(json!("root"), "held", &[1.0, 0.0, 0.0, 0.0]));
+    acks.recv_timeout(Duration::from_secs(10)).expect("an ack");
+    let path = b.clone();
+    let second = std::thread::spawn(move || deltamem(&["hit", s(&path), "0"], ""));
+    // The second command is waiting by now; the first one exits.
+    std::thread::sleep(Duration::from_millis(700));
+    drop(stdin);
+    assert!(first.wait().unwrap().success());
+    let second = second.join().unwrap();
+    assert_eq!(second.code, 0, "{}", second.stderr);
+    assert_eq!(ok(&["dump", s(&b)], "").lines()[0]["success_hits"], 1);
 }
 
 #[test]

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::memory_loop::{AgentConfig, AgentError};
 use crate::SyncPolicy;
@@ -75,22 +75,12 @@ impl DirStore {
 
     /// Opens the writer, waiting (bounded) while another process holds it.
     fn open_writer(&self) -> Result<Bank, AgentError> {
-        let deadline = Instant::now() + self.lock_wait;
-        let mut pause = Duration::from_millis(10);
-        loop {
-            let options = OpenOptions {
-                read_only: false,
-                sync: self.sync,
-                ..OpenOptions::default()
-            };
-            match Bank::open_dir(&self.bank, options) {
-                Err(e) if e.is_locked() && Instant::now() + pause < deadline => {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(500));
-                }
-                other => return Ok(other?),
-            }
-        }
+        let options = OpenOptions {
+            read_only: false,
+            sync: self.sync,
+            ..OpenOptions::default()
+        };
+        Ok(Bank::open_dir_waiting(&self.bank, options, self.lock_wait)?)
     }
 }
 

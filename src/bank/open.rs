@@ -2,7 +2,7 @@
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::base::Base;
 use super::overlay::Overlay;
@@ -153,6 +153,34 @@ impl Bank {
 
     pub fn open_dir(path: impl AsRef<Path>, options: OpenOptions) -> Result<Bank, BankError> {
         Bank::open(Arc::new(FileStorage::new(path.as_ref())), options)
+    }
+
+    /// Opens as `open_dir` does, but while another process holds the
+    /// writer lock it tries again until `lock_wait` has passed. Processes
+    /// that each write briefly (`deltamem mcp`, the CLI, the agent loop)
+    /// then take turns instead of failing on a lock held for milliseconds.
+    /// The pause between tries grows from 1 ms to 32 ms and is varied per
+    /// process, so waiters do not retry in step. After the wait, the error
+    /// is the lock's own (`BankError::is_locked`).
+    pub fn open_dir_waiting(
+        path: impl AsRef<Path>,
+        options: OpenOptions,
+        lock_wait: Duration,
+    ) -> Result<Bank, BankError> {
+        let deadline = Instant::now() + lock_wait;
+        let (mut pause_ms, mut attempt) = (1u64, 0u32);
+        loop {
+            attempt = attempt.wrapping_add(1);
+            match Bank::open_dir(path.as_ref(), options.clone()) {
+                Err(e) if e.is_locked() && Instant::now() < deadline => {
+                    let jitter_ms = u64::from((std::process::id() ^ attempt.wrapping_mul(2_654_435_761)) % 4);
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    std::thread::sleep(Duration::from_millis(pause_ms + jitter_ms).min(left));
+                    pause_ms = (pause_ms * 2).min(32);
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Creates a bank. The manifest is written last: it is what makes the

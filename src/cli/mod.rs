@@ -29,6 +29,7 @@ pub mod update;
 use std::io::{self, Write};
 use std::path::Path;
 use std::str::FromStr;
+use std::time::Duration;
 
 use anyhow::Context;
 use deltamem::{Bank, BankError, NodeRef, OpenOptions, SyncPolicy};
@@ -87,9 +88,28 @@ pub fn open_read(path: &Path) -> anyhow::Result<Bank> {
     Bank::open_dir(path, options).with_context(|| format!("cannot open {}", path.display()))
 }
 
-/// Opens a bank as its single writer.
+/// How long a command waits for another process's writer lock
+/// (`--lock-wait-ms`), set once by `main`.
+static LOCK_WAIT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+
+pub fn set_lock_wait(wait: Duration) {
+    LOCK_WAIT.set(wait).expect("the lock wait is set once, by main");
+}
+
+pub fn lock_wait() -> Duration {
+    LOCK_WAIT.get().copied().unwrap_or_default()
+}
+
+/// Opens a bank as its single writer, waiting up to `--lock-wait-ms` for
+/// another process's writer lock.
 pub fn open_write(path: &Path) -> anyhow::Result<Bank> {
-    Bank::open_dir(path, OpenOptions::default()).with_context(|| format!("cannot open {} for writing", path.display()))
+    Bank::open_dir_waiting(path, OpenOptions::default(), lock_wait()).map_err(|e| {
+        let waited = match e.is_locked() {
+            true => format!(" (waited {} ms, --lock-wait-ms)", lock_wait().as_millis()),
+            false => String::new(),
+        };
+        anyhow::Error::new(e).context(format!("cannot open {} for writing{waited}", path.display()))
+    })
 }
 
 /// Looks a node up, naming the bank if it is not there.

@@ -2,7 +2,6 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{Context, bail};
 
@@ -46,10 +45,6 @@ pub struct ServeArgs {
 #[derive(Debug, clap::Args)]
 pub struct McpArgs {
     bank: PathBuf,
-    /// Longest wait for another process's write to release the bank's
-    /// writer lock, in ms.
-    #[arg(long, default_value_t = 10_000)]
-    lock_wait_ms: u64,
 }
 
 fn default_threads() -> usize {
@@ -82,6 +77,7 @@ pub fn serve(args: ServeArgs, quiet: bool) -> anyhow::Result<Status> {
         sync: args.sync.policy(),
         read_only: args.read_only,
         checkpoint_wal_bytes: args.checkpoint_wal_mib << 20,
+        lock_wait: super::lock_wait(),
         limits: deltamem::server::Limits {
             body_bytes: args.max_body_bytes,
             batch_items: args.max_batch,
@@ -100,7 +96,7 @@ pub fn serve(args: ServeArgs, quiet: bool) -> anyhow::Result<Status> {
 }
 
 pub fn mcp(args: McpArgs) -> anyhow::Result<Status> {
-    deltamem::server::mcp::serve_stdio(&args.bank, Duration::from_millis(args.lock_wait_ms))
+    deltamem::server::mcp::serve_stdio(&args.bank, super::lock_wait())
         .with_context(|| format!("MCP server on {}", args.bank.display()))?;
     Ok(Status::Ok)
 }

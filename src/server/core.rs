@@ -91,13 +91,20 @@ impl Core {
     /// Opens the bank as its writer (or read-only) and starts the writer
     /// thread.
     /// `options` says whether to open read-only and when to checkpoint.
-    pub fn open(path: &Path, policy: SyncPolicy, options: OpenOptions, threads: usize) -> Result<Arc<Core>, BankError> {
+    /// `lock_wait` bounds the wait for another process's writer lock.
+    pub fn open(
+        path: &Path,
+        policy: SyncPolicy,
+        options: OpenOptions,
+        threads: usize,
+        lock_wait: std::time::Duration,
+    ) -> Result<Arc<Core>, BankError> {
         let options = OpenOptions {
             // The writer thread syncs itself, once per round.
             sync: SyncPolicy::None,
             ..options
         };
-        let bank = Bank::open_dir(path, options)?;
+        let bank = Bank::open_dir_waiting(path, options, lock_wait)?;
         Core::serve(bank, policy, threads)
     }
 

@@ -11,7 +11,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use rmcp::handler::server::wrapper::Parameters;
@@ -83,32 +83,19 @@ impl SharedBank {
     /// Opens the bank as its writer, waiting up to `lock_wait` for another
     /// process's write to finish.
     fn open_writer(&self) -> ApiResult<Bank> {
-        let deadline = Instant::now() + self.lock_wait;
-        let mut attempt = 0u32;
-        loop {
-            let options = OpenOptions {
-                sync: SyncPolicy::Always,
-                // Small, so a per-write open replays little.
-                checkpoint_wal_bytes: 4 * 1024 * 1024,
-                ..OpenOptions::default()
-            };
-            match Bank::open_dir(&self.path, options) {
-                Ok(bank) => return Ok(bank),
-                Err(e) if e.is_locked() && Instant::now() < deadline => {
-                    attempt += 1;
-                    // 1..8 ms, varied per process so waiters do not collide.
-                    let jitter = (std::process::id() ^ attempt.wrapping_mul(2_654_435_761)) % 8;
-                    std::thread::sleep(Duration::from_millis(u64::from(1 + jitter)));
-                }
-                Err(e) if e.is_locked() => {
-                    return Err(ApiError::unavailable(format!(
-                        "another process held the bank's writer lock for over {} ms: {e}",
-                        self.lock_wait.as_millis()
-                    )));
-                }
-                Err(e) => return Err(ApiError::from_bank(e, "bank")),
-            }
-        }
+        let options = OpenOptions {
+            sync: SyncPolicy::Always,
+            // Small, so a per-write open replays little.
+            checkpoint_wal_bytes: 4 * 1024 * 1024,
+            ..OpenOptions::default()
+        };
+        Bank::open_dir_waiting(&self.path, options, self.lock_wait).map_err(|e| match e.is_locked() {
+            true => ApiError::unavailable(format!(
+                "another process held the bank's writer lock for over {} ms: {e}",
+                self.lock_wait.as_millis()
+            )),
+            false => ApiError::from_bank(e, "bank"),
+        })
     }
 }
 

@@ -47,6 +47,9 @@ pub struct ServeConfig {
     pub read_only: bool,
     /// The bank's checkpoint threshold (`OpenOptions::checkpoint_wal_bytes`).
     pub checkpoint_wal_bytes: u64,
+    /// Longest wait at start for another process (a `deltamem mcp`, a CLI
+    /// write) to release the bank's writer lock.
+    pub lock_wait: std::time::Duration,
     pub limits: Limits,
 }
 
@@ -90,7 +93,7 @@ pub fn serve(config: ServeConfig, ready: impl FnOnce(SocketAddr)) -> Result<(), 
         checkpoint_wal_bytes: config.checkpoint_wal_bytes,
         ..OpenOptions::default()
     };
-    let core = Core::open(&config.bank, config.sync, options, config.threads)?;
+    let core = Core::open(&config.bank, config.sync, options, config.threads, config.lock_wait)?;
     let served = runtime.block_on(run(config, core.clone(), ready));
     // Requests in flight have finished: drain the writer and checkpoint.
     let closed = core.shutdown();
