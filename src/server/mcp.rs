@@ -16,6 +16,7 @@ use std::time::Duration;
 use axum::Router;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, InitializeResult, ServerCapabilities};
+use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::tower::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ServerHandler, ServiceExt, tool, tool_handler, tool_router};
@@ -344,14 +345,20 @@ pub fn serve_stdio(path: &Path, lock_wait: Duration) -> Result<(), super::ServeE
         .build()
         .map_err(|e| super::ServeError::Config(format!("cannot start the async runtime: {e}")))?;
     runtime.block_on(async move {
+        let limits = super::stdio::LineLimits::default();
+        let (read, write, answers) = super::stdio::guarded_stdio(limits);
+        // The pump refuses longer lines itself, with an answer.
+        let transport = AsyncRwTransport::new_server(read, write).with_max_line_length(limits.max_bytes + 1);
         let service = MemoryTools::new(memory)
-            .serve(rmcp::transport::stdio())
+            .serve(transport)
             .await
             .map_err(|e| super::ServeError::Config(format!("MCP handshake failed: {e}")))?;
         service
             .waiting()
             .await
             .map_err(|e| super::ServeError::Config(format!("MCP session failed: {e}")))?;
+        // rmcp has closed its end: the last answers reach stdout.
+        let _ = answers.await;
         Ok(())
     })
 }

@@ -19,6 +19,7 @@ mod metrics;
 pub mod openapi;
 mod rotation;
 mod routes;
+mod stdio;
 #[cfg(test)]
 mod tests;
 mod vectors;

@@ -164,7 +164,7 @@ const POW10: [f64; 23] = [
     1e21, 1e22,
 ];
 
-fn skip_ws(text: &[u8], mut at: usize) -> usize {
+pub(super) fn skip_ws(text: &[u8], mut at: usize) -> usize {
     while text.get(at).is_some_and(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r')) {
         at += 1;
     }

@@ -16,6 +16,7 @@ import base64
 import contextlib
 import json
 import os
+import queue
 import random
 import re
 import signal
@@ -23,6 +24,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -178,6 +180,57 @@ def test_tools_over_stdio():
                 await exercise(session)
 
         asyncio.run(run())
+
+
+def test_stdio_answers_every_request_line_it_refuses():
+    """A line nested too deep or too long for the stdio transport is answered
+    with a JSON-RPC error carrying its id (rmcp alone dropped both without a
+    word, and the client waited forever); a line longer than rmcp's own 16 MiB
+    limit but within deltamem's is served."""
+    with tempfile.TemporaryDirectory() as root:
+        bank = init_bank(root)
+        proc = subprocess.Popen([BIN, "mcp", bank], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd=ROOT)
+        try:
+            def send(message):
+                proc.stdin.write(json.dumps(message).encode() + b"\n")
+                proc.stdin.flush()
+
+            lines = queue.Queue()
+            threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+
+            def answer():
+                try:
+                    return json.loads(lines.get(timeout=60))
+                except queue.Empty:
+                    raise AssertionError("no answer within 60 s")
+
+            def store(request_id, payload):
+                arguments = dict(node("big", vec(request_id)), payload=payload)
+                send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                      "params": {"name": "store_node", "arguments": arguments}})
+                return answer()
+
+            send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                  "params": {"protocolVersion": "2025-03-26", "capabilities": {},
+                             "clientInfo": {"name": "raw", "version": "0"}}})
+            assert answer()["id"] == 0
+            send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            deep = "x"
+            for _ in range(40):
+                deep = {"a": deep}
+            refused = store("deep", {"k": deep})
+            assert refused["id"] == "deep" and "deeper than 34 levels" in refused["error"]["message"], refused
+            # 3 MiB of control characters: an 18 MiB line once JSON-escaped.
+            stored = store(2, {"k": "\x01" * (3 << 20)})
+            assert stored["id"] == 2 and not stored["result"].get("isError"), str(stored)[:300]
+            too_long = store(3, {"k": "\x01" * (11 << 20)})
+            assert too_long["id"] == 3 and "over the limit of 67108864 bytes" in too_long["error"]["message"], too_long
+        finally:
+            proc.stdin.close()
+            assert proc.wait(timeout=60) == 0
+        listed = subprocess.run([BIN, "dump", bank], check=True, capture_output=True, text=True).stdout
+        assert len(listed.splitlines()) == 1, "only the line within the limits was stored"
 
 
 def start_server(bank, env=None, extra=()):

@@ -1,0 +1,257 @@
+//! The stdio transport of `deltamem mcp`, with limits like the HTTP face's.
+//!
+//! rmcp reads JSON-RPC lines itself, but it drops a line over its length
+//! limit, or one nested deeper than serde_json's recursion limit, and says
+//! nothing: the client waits for an answer that never comes. So each line
+//! is checked here first, and a refused one is answered with a JSON-RPC
+//! error carrying the request's id, as HTTP answers 413 or 400. Lines that
+//! pass go to rmcp through an in-process pipe. rmcp's answers come back
+//! through another pipe and are copied to stdout a whole line at a time,
+//! so an error written here never lands inside one of them.
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream};
+use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
+
+use super::http::walk_structure;
+use super::vectors::skip_ws;
+
+/// What a request line may be.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LineLimits {
+    pub max_bytes: usize,
+    pub max_depth: usize,
+}
+
+impl Default for LineLimits {
+    fn default() -> LineLimits {
+        LineLimits {
+            // A `store_node` payload of 4 MiB may take six times that once
+            // JSON-escaped (`\u0001`), and an embedding comes with it.
+            max_bytes: 64 << 20,
+            // The HTTP face's limit for a body, plus the two levels of the
+            // envelope around tool arguments (`{"params": {"arguments": ..}}`).
+            max_depth: super::http::Limits::default().json_depth + 2,
+        }
+    }
+}
+
+/// Bytes the in-process pipes buffer each way.
+const PIPE_BYTES: usize = 1 << 20;
+
+/// rmcp's ends of the two pipes, (read, write), and the task copying its
+/// answers to stdout, which ends once rmcp closes its write end. The task
+/// feeding it stdin's lines ends with stdin.
+pub(super) fn guarded_stdio(limits: LineLimits) -> (DuplexStream, DuplexStream, JoinHandle<()>) {
+    let (rmcp_read, to_rmcp) = tokio::io::duplex(PIPE_BYTES);
+    let (from_rmcp, rmcp_write) = tokio::io::duplex(PIPE_BYTES);
+    let stdout = Arc::new(Mutex::new(tokio::io::stdout()));
+    let requests = pump_requests(tokio::io::stdin(), to_rmcp, stdout.clone(), limits);
+    tokio::spawn(async move {
+        if let Err(e) = requests.await {
+            eprintln!("deltamem mcp: reading requests: {e}");
+        }
+    });
+    let answers = tokio::spawn(async move {
+        if let Err(e) = copy_answers(from_rmcp, stdout).await {
+            eprintln!("deltamem mcp: writing answers: {e}");
+        }
+    });
+    (rmcp_read, rmcp_write, answers)
+}
+
+/// Reads request lines from `input` until it ends: a line within `limits`
+/// goes to rmcp, any other is answered on `out` with an error.
+async fn pump_requests<R, W, O>(input: R, mut to_rmcp: W, out: Arc<Mutex<O>>, limits: LineLimits) -> std::io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+    O: AsyncWrite + Unpin,
+{
+    let mut input = BufReader::with_capacity(64 << 10, input);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let Some(line_bytes) = read_line(&mut input, &mut line, limits.max_bytes).await? else {
+            return Ok(());
+        };
+        match refusal(&line, line_bytes, limits) {
+            None => {
+                line.push(b'\n');
+                to_rmcp.write_all(&line).await?;
+                to_rmcp.flush().await?;
+            }
+            Some(message) => {
+                eprintln!("deltamem mcp: refused a request: {message}");
+                let answer = serde_json::json!({
+                    "jsonrpc": "2.0",
+                    "id": request_id(&line),
+                    "error": {"code": -32600, "message": message},
+                });
+                let mut out = out.lock().await;
+                out.write_all(format!("{answer}\n").as_bytes()).await?;
+                out.flush().await?;
+            }
+        }
+    }
+}
+
+/// Why a line of `line_bytes` bytes (of which `line` holds the first
+/// `limits.max_bytes`) is refused, if it is.
+fn refusal(line: &[u8], line_bytes: usize, limits: LineLimits) -> Option<String> {
+    if line_bytes > limits.max_bytes {
+        return Some(format!(
+            "the request line is {line_bytes} bytes, over the limit of {} bytes",
+            limits.max_bytes
+        ));
+    }
+    super::http::nesting_beyond(line, limits.max_depth).map(|at| {
+        format!(
+            "the request nests deeper than {} levels (at byte {at})",
+            limits.max_depth
+        )
+    })
+}
+
+/// Reads one line (without its newline) into `line`, keeping at most
+/// `max_bytes` of it; its whole length, or None at the end of the input.
+/// A last line without a newline is dropped, as rmcp drops it: the peer
+/// stopped in the middle of a message.
+async fn read_line<R: AsyncRead + Unpin>(
+    input: &mut BufReader<R>,
+    line: &mut Vec<u8>,
+    max_bytes: usize,
+) -> std::io::Result<Option<usize>> {
+    let mut line_bytes = 0usize;
+    loop {
+        let buf = input.fill_buf().await?;
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        let (piece, ended) = match buf.iter().position(|&b| b == b'\n') {
+            Some(end) => (&buf[..end], true),
+            None => (buf, false),
+        };
+        let room = (max_bytes + 1).saturating_sub(line.len());
+        line.extend_from_slice(&piece[..piece.len().min(room)]);
+        line_bytes += piece.len();
+        let used = piece.len() + usize::from(ended);
+        input.consume(used);
+        if ended {
+            return Ok(Some(line_bytes));
+        }
+    }
+}
+
+/// The `id` of a JSON-RPC request line, found without parsing the whole
+/// line (it may be the refused one): a top-level `"id"` key whose value is
+/// a number or a string. JSON-RPC answers `null` when it cannot be told.
+fn request_id(line: &[u8]) -> serde_json::Value {
+    let mut key_start = None;
+    let found = walk_structure(line, |state, at, b| {
+        let (depth, was_in_string) = (state.depth, state.in_string);
+        state.step(b, usize::MAX);
+        match (was_in_string, state.in_string) {
+            (false, true) if depth == 1 => key_start = Some(at + 1),
+            (true, false) if depth == 1 => {
+                let colon = skip_ws(line, at + 1);
+                if key_start.is_some_and(|s| &line[s..at] == b"id") && line.get(colon) == Some(&b':') {
+                    return ControlFlow::Break(skip_ws(line, colon + 1));
+                }
+            }
+            _ => {}
+        }
+        ControlFlow::Continue(())
+    });
+    let Some(value_at) = found.break_value() else {
+        return serde_json::Value::Null;
+    };
+    let mut values = serde_json::Deserializer::from_slice(&line[value_at..]).into_iter::<serde_json::Value>();
+    match values.next() {
+        Some(Ok(id @ (serde_json::Value::Number(_) | serde_json::Value::String(_)))) => id,
+        _ => serde_json::Value::Null,
+    }
+}
+
+/// Copies rmcp's answers to `out` a whole line at a time, until rmcp
+/// closes its end.
+async fn copy_answers<O: AsyncWrite + Unpin>(from_rmcp: DuplexStream, out: Arc<Mutex<O>>) -> std::io::Result<()> {
+    let mut from_rmcp = BufReader::new(from_rmcp);
+    let mut answer = Vec::new();
+    loop {
+        answer.clear();
+        if from_rmcp.read_until(b'\n', &mut answer).await? == 0 {
+            return Ok(());
+        }
+        let mut out = out.lock().await;
+        out.write_all(&answer).await?;
+        out.flush().await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `pump_requests` over `input`: (what reached rmcp, what was
+    /// answered here).
+    fn pump(input: &[u8], limits: LineLimits) -> (String, Vec<serde_json::Value>) {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(async {
+            let (mut rmcp_read, to_rmcp) = tokio::io::duplex(1 << 20);
+            let out = Arc::new(Mutex::new(Vec::new()));
+            pump_requests(input, to_rmcp, out.clone(), limits).await.unwrap();
+            let mut forwarded = String::new();
+            tokio::io::AsyncReadExt::read_to_string(&mut rmcp_read, &mut forwarded)
+                .await
+                .unwrap();
+            let answered = String::from_utf8(out.lock().await.clone()).unwrap();
+            let answers = answered.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+            (forwarded, answers)
+        })
+    }
+
+    const SMALL: LineLimits = LineLimits {
+        max_bytes: 200,
+        max_depth: 4,
+    };
+
+    #[test]
+    fn lines_within_the_limits_reach_rmcp_and_others_are_answered_with_their_id() {
+        let good = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{"a":[1]}}}"#;
+        let deep = r#"{"jsonrpc":"2.0","id":"q7","params":{"arguments":{"a":[[1]]}}}"#;
+        let long = format!(r#"{{"jsonrpc":"2.0","id":3,"params":"{}"}}"#, "x".repeat(300));
+        let input = format!("{good}\n{deep}\n{long}\n\n{good}\n{{\"id\": 9, \"cut\": ");
+        let (forwarded, answers) = pump(input.as_bytes(), SMALL);
+        assert_eq!(
+            forwarded,
+            format!("{good}\n\n{good}\n"),
+            "the last, cut-off line is dropped"
+        );
+        assert_eq!(answers.len(), 2, "{answers:?}");
+        assert_eq!(answers[0]["id"], "q7");
+        assert_eq!(answers[0]["error"]["code"], -32600);
+        let deep_message = answers[0]["error"]["message"].as_str().unwrap();
+        assert!(deep_message.contains("deeper than 4 levels"), "{deep_message}");
+        assert_eq!(answers[1]["id"], 3);
+        let long_message = answers[1]["error"]["message"].as_str().unwrap();
+        assert!(
+            long_message.contains(&format!("{} bytes, over the limit of 200", long.len())),
+            "{long_message}"
+        );
+    }
+
+    #[test]
+    fn the_id_is_the_top_level_one_or_null() {
+        let id = |line: &str| request_id(line.as_bytes());
+        assert_eq!(id(r#"{"params":{"id":5},"id" : 6}"#), 6);
+        assert_eq!(id(r#"{"x":"\"id\":4","id":"s"}"#), "s");
+        assert_eq!(id(r#"{"ids":1,"method":"m"}"#), serde_json::Value::Null);
+        assert_eq!(id(r#"{"id":{"a":1}}"#), serde_json::Value::Null);
+        assert_eq!(id(r#"{"id":7"#), 7, "a cut-off line still names its id");
+        assert_eq!(id("not json"), serde_json::Value::Null);
+    }
+}
