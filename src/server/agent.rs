@@ -26,7 +26,7 @@ use super::body::QueryReply;
 use super::core::{WriteDone, WriteOp};
 use super::error::{ApiError, ApiResult};
 use super::http::{AppState, JsonBody};
-use super::mcp::{Memory, MemoryTools};
+use super::mcp::{Memory, MemoryTools, Named};
 use super::routes::query_params;
 use crate::agent::memory_loop::retrieve_in;
 use crate::agent::{
@@ -296,7 +296,7 @@ impl<M: Memory> MemoryTools<M> {
     )]
     async fn retrieve_memory(
         &self,
-        Parameters(p): Parameters<RetrieveRequest>,
+        Parameters(Named(p)): Parameters<Named<RetrieveRequest>>,
     ) -> Result<CallToolResult, rmcp::ErrorData> {
         self.run(move |m| retrieve_with(m, p)).await
     }
@@ -310,7 +310,7 @@ impl<M: Memory> MemoryTools<M> {
     )]
     async fn record_episode(
         &self,
-        Parameters(p): Parameters<RecordEpisodeParams>,
+        Parameters(Named(p)): Parameters<Named<RecordEpisodeParams>>,
     ) -> Result<CallToolResult, rmcp::ErrorData> {
         self.run(move |m| record_with(m, &p.episode, p.profile.as_deref()))
             .await
@@ -323,7 +323,7 @@ impl<M: Memory> MemoryTools<M> {
     )]
     async fn query_by_text(
         &self,
-        Parameters(p): Parameters<TextQueryParams>,
+        Parameters(Named(p)): Parameters<Named<TextQueryParams>>,
     ) -> Result<CallToolResult, rmcp::ErrorData> {
         self.run(move |m| query_text_with(m, p)).await
     }

@@ -169,6 +169,44 @@ pub struct ChainParams {
 #[serde(deny_unknown_fields)]
 pub struct NoParams {}
 
+/// Tool arguments read with the path of whatever they refuse: rmcp's own
+/// message ("failed to deserialize parameters: -1 is not a valid node
+/// index") did not say which field was wrong, as the HTTP face's 400 does.
+/// The schema is `T`'s.
+#[derive(Debug)]
+pub struct Named<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Named<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Named<T>, D::Error> {
+        serde_path_to_error::deserialize(d).map(Named).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            match path.as_str() {
+                "." | "" => inner,
+                _ => serde::de::Error::custom(format!("{inner} (field {path})")),
+            }
+        })
+    }
+}
+
+impl<T: JsonSchema> JsonSchema for Named<T> {
+    fn inline_schema() -> bool {
+        T::inline_schema()
+    }
+
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        T::schema_name()
+    }
+
+    fn schema_id() -> std::borrow::Cow<'static, str> {
+        T::schema_id()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        T::json_schema(generator)
+    }
+}
+
 /// The tool set, over any [`Memory`].
 #[derive(Clone)]
 pub struct MemoryTools<M: Memory> {
@@ -237,7 +275,10 @@ impl<M: Memory> MemoryTools<M> {
         query vector. Failures are penalised in the ranking. Returns each match's id, score, type, label \
         and its chain of node ids from the top-level root."
     )]
-    async fn query_memory(&self, Parameters(p): Parameters<QueryParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+    async fn query_memory(
+        &self,
+        Parameters(Named(p)): Parameters<Named<QueryParams>>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
         self.run(move |m| {
             let dim = m.read(|b| Ok(b.dim_count()))?;
             check_embedding(&p.embedding, dim, "embedding")?;
@@ -250,7 +291,10 @@ impl<M: Memory> MemoryTools<M> {
         description = "Store one experience node in the bank. attach is \"auto\" (placed under its \
         closest match, or as a new root), \"root\", or {\"parent\": ID}. Answers once the node is durable."
     )]
-    async fn store_node(&self, Parameters(p): Parameters<InsertRequest>) -> Result<CallToolResult, rmcp::ErrorData> {
+    async fn store_node(
+        &self,
+        Parameters(Named(p)): Parameters<Named<InsertRequest>>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
         self.run(move |m| {
             let dim = m.read(|b| Ok(b.dim_count()))?;
             check_embedding(&p.embedding, dim, "embedding")?;
@@ -268,7 +312,7 @@ impl<M: Memory> MemoryTools<M> {
     )]
     async fn count_success_hit(
         &self,
-        Parameters(p): Parameters<NodeParams>,
+        Parameters(Named(p)): Parameters<Named<NodeParams>>,
     ) -> Result<CallToolResult, rmcp::ErrorData> {
         self.run(move |m| match m.write(WriteOp::Hit(p.id.into()))? {
             WriteDone::Hit(h) => Ok(h),
@@ -281,7 +325,10 @@ impl<M: Memory> MemoryTools<M> {
         description = "Show the chain of a node: its top-level root first, then each refinement down \
         to the node; with render=true, as text ready to put in a prompt."
     )]
-    async fn show_chain(&self, Parameters(p): Parameters<ChainParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+    async fn show_chain(
+        &self,
+        Parameters(Named(p)): Parameters<Named<ChainParams>>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
         self.run(move |m| {
             let node: NodeRef = p.id.into();
             m.read(|b| chain_of(b, &node, p.render))
@@ -293,7 +340,7 @@ impl<M: Memory> MemoryTools<M> {
         description = "Counts and sizes of the memory bank: nodes per tree, roots, successes, \
         failures, consolidations, depth histogram, bytes on disk."
     )]
-    async fn bank_stats(&self, Parameters(_): Parameters<NoParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+    async fn bank_stats(&self, Parameters(_): Parameters<Named<NoParams>>) -> Result<CallToolResult, rmcp::ErrorData> {
         self.run(|m| {
             m.read(|b| {
                 b.stats()

@@ -158,6 +158,11 @@ async def exercise(session):
         assert "unknown field `%s`" % key in message, message
     err, hit = await call(session, "count_success_hit", {"id": child["id"]})
     assert not err and hit["success_hits"] == 2, hit
+    # An argument refused while it is read is named by its path.
+    message = await refused(session, "store_node", node("x", near, attach={"parent": -1}))
+    assert "(field attach.parent)" in message, message
+    message = await refused(session, "query_memory", {"tree": "task", "embedding": ["1"]})
+    assert "(field embedding" in message, message
 
 
 async def refused(session, tool, args):
