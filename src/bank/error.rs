@@ -43,7 +43,8 @@ pub enum BankError {
     EmptyScenario,
     #[error("payload is {size_bytes} bytes, the limit is {limit_bytes}")]
     PayloadTooLarge { size_bytes: usize, limit_bytes: usize },
-    #[error("bad external id {id:?}: {detail}")]
+    /// `id` as `shown_id` shows it.
+    #[error("bad external id {id}: {detail}")]
     BadExternalId { id: String, detail: String },
     #[error("external id {id:?} is already used by node {existing}")]
     DuplicateExternalId { id: String, existing: u32 },
@@ -105,5 +106,29 @@ impl BankError {
     /// Another process holds the writer lock (worth waiting for).
     pub fn is_locked(&self) -> bool {
         matches!(self, BankError::Storage(StorageError::Locked { .. }))
+    }
+}
+
+/// An id as an error message shows it: quoted, whole up to 40 characters,
+/// else its start and its length. An id can be at most 16 bytes or a
+/// UUID; one of 100 kB is not worth echoing back whole.
+pub(crate) fn shown_id(text: &str) -> String {
+    const SHOWN_CHARS: usize = 40;
+    match text.char_indices().nth(SHOWN_CHARS) {
+        None => format!("{text:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes)", &text[..cut], text.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown_id;
+
+    #[test]
+    fn a_long_id_is_shown_by_its_start_and_length() {
+        assert_eq!(shown_id("abc"), "\"abc\"");
+        assert_eq!(shown_id(&"é".repeat(40)), format!("{:?}", "é".repeat(40)));
+        let long = "é".repeat(50_000);
+        assert_eq!(shown_id(&long), format!("{:?}... (100000 bytes)", "é".repeat(40)));
     }
 }

@@ -311,7 +311,7 @@ impl Bank {
             NodeRef::Index(i) => Err(BankError::UnknownNode(i.to_string())),
             NodeRef::External(text) => {
                 let (bytes, flags) = crate::format::row::encode_external_id(text)
-                    .ok_or_else(|| BankError::UnknownNode(format!("{text:?}")))?;
+                    .ok_or_else(|| BankError::UnknownNode(error::shown_id(text)))?;
                 self.with_external_ids(|ids| ids.get(&external_key(bytes, flags)).copied())?
                     .ok_or_else(|| BankError::UnknownNode(format!("{text:?}")))
             }

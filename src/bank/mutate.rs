@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::apply::check_record_size;
+use super::error::shown_id;
 use super::open::now_unix_ms;
 use super::overlay::Overlay;
 use super::scan::QueryOptions;
@@ -628,12 +629,12 @@ impl Bank {
         // URL path (and JSON tells the two apart only by quoting).
         if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
             return Err(BankError::BadExternalId {
-                id: text.to_string(),
+                id: shown_id(text),
                 detail: "must not be all digits (digits name a node index)".into(),
             });
         }
         let (key, flags) = encode_external_id(text).ok_or_else(|| BankError::BadExternalId {
-            id: text.to_string(),
+            id: shown_id(text),
             detail: "must be a lowercase hyphenated UUID or 1..=16 bytes of text".into(),
         })?;
         if let Some(existing) = self.with_external_ids(|ids| ids.get(&external_key(key, flags)).copied())? {
