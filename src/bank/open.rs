@@ -141,6 +141,11 @@ pub(crate) fn new_salt(previous: u64) -> u64 {
     if x == previous { x ^ 1 } else { x }
 }
 
+/// 0..=3 ms, different per process and per try.
+fn retry_jitter_ms(attempt: u32) -> u64 {
+    u64::from((std::process::id() ^ attempt.wrapping_mul(2_654_435_761)) % 4)
+}
+
 impl Bank {
     /// Creates a bank in directory `path` (created if missing, must not
     /// already hold a bank).
@@ -159,24 +164,28 @@ impl Bank {
     /// writer lock it tries again until `lock_wait` has passed. Processes
     /// that each write briefly (`deltamem mcp`, the CLI, the agent loop)
     /// then take turns instead of failing on a lock held for milliseconds.
-    /// The pause between tries grows from 1 ms to 32 ms and is varied per
-    /// process, so waiters do not retry in step. After the wait, the error
-    /// is the lock's own (`BankError::is_locked`).
+    /// The pause between tries grows from 1 ms to 8 ms (short: a waiter
+    /// that backs off further keeps losing the lock to newcomers) and is
+    /// varied per process, so waiters do not retry in step. After the
+    /// wait, the error is the lock's own, saying how long it waited.
     pub fn open_dir_waiting(
         path: impl AsRef<Path>,
         options: OpenOptions,
         lock_wait: Duration,
     ) -> Result<Bank, BankError> {
-        let deadline = Instant::now() + lock_wait;
+        let started = Instant::now();
         let (mut pause_ms, mut attempt) = (1u64, 0u32);
         loop {
             attempt = attempt.wrapping_add(1);
             match Bank::open_dir(path.as_ref(), options.clone()) {
-                Err(e) if e.is_locked() && Instant::now() < deadline => {
-                    let jitter_ms = u64::from((std::process::id() ^ attempt.wrapping_mul(2_654_435_761)) % 4);
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    std::thread::sleep(Duration::from_millis(pause_ms + jitter_ms).min(left));
-                    pause_ms = (pause_ms * 2).min(32);
+                Err(e) if e.is_locked() && started.elapsed() < lock_wait => {
+                    let left = lock_wait.saturating_sub(started.elapsed());
+                    std::thread::sleep(Duration::from_millis(pause_ms + retry_jitter_ms(attempt)).min(left));
+                    pause_ms = (pause_ms * 2).min(8);
+                }
+                Err(BankError::Storage(StorageError::Locked { file, .. })) => {
+                    let waited_ms = started.elapsed().as_millis() as u64;
+                    return Err(BankError::Storage(StorageError::Locked { file, waited_ms }));
                 }
                 other => return other,
             }

@@ -140,7 +140,10 @@ mod enabled {
         let episode: Episode = deltamem::api::parse_object(&text)
             .with_context(|| format!("{} is not an episode", args.episode.display()))?;
         let chat = HttpChat::from_env().context("LLM endpoint (DELTAMEM_LLM_BASE_URL, DELTAMEM_LLM_MODEL)")?;
-        let config = AgentConfig::new(&args.bank, profile(&args.profile)?);
+        let config = AgentConfig {
+            lock_wait: super::super::lock_wait(),
+            ..AgentConfig::new(&args.bank, profile(&args.profile)?)
+        };
         let outcome = MemoryLoop::new(config, embedder()?, chat)
             .record(&episode)
             .with_context(|| format!("record {} into {}", args.episode.display(), args.bank.display()))?;

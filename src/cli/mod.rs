@@ -103,13 +103,8 @@ pub fn lock_wait() -> Duration {
 /// Opens a bank as its single writer, waiting up to `--lock-wait-ms` for
 /// another process's writer lock.
 pub fn open_write(path: &Path) -> anyhow::Result<Bank> {
-    Bank::open_dir_waiting(path, OpenOptions::default(), lock_wait()).map_err(|e| {
-        let waited = match e.is_locked() {
-            true => format!(" (waited {} ms, --lock-wait-ms)", lock_wait().as_millis()),
-            false => String::new(),
-        };
-        anyhow::Error::new(e).context(format!("cannot open {} for writing{waited}", path.display()))
-    })
+    Bank::open_dir_waiting(path, OpenOptions::default(), lock_wait())
+        .with_context(|| format!("cannot open {} for writing", path.display()))
 }
 
 /// Looks a node up, naming the bank if it is not there.

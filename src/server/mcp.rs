@@ -91,10 +91,7 @@ impl SharedBank {
             ..OpenOptions::default()
         };
         Bank::open_dir_waiting(&self.path, options, self.lock_wait).map_err(|e| match e.is_locked() {
-            true => ApiError::unavailable(format!(
-                "another process held the bank's writer lock for over {} ms: {e}",
-                self.lock_wait.as_millis()
-            )),
+            true => ApiError::unavailable(e.to_string()),
             false => ApiError::from_bank(e, "bank"),
         })
     }

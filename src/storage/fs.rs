@@ -295,7 +295,10 @@ impl Storage for FileStorage {
             .map_err(StorageError::io("open", desc.clone()))?;
         match file.try_lock() {
             Ok(()) => Ok(Box::new(file)),
-            Err(TryLockError::WouldBlock) => Err(StorageError::Locked { file: desc }),
+            Err(TryLockError::WouldBlock) => Err(StorageError::Locked {
+                file: desc,
+                waited_ms: 0,
+            }),
             Err(TryLockError::Error(cause)) => Err(StorageError::Io {
                 op: "lock",
                 file: desc,

@@ -154,6 +154,7 @@ impl Storage for MemStorage {
         if self.locked.swap(true, Ordering::SeqCst) {
             return Err(StorageError::Locked {
                 file: "memory:LOCK".into(),
+                waited_ms: 0,
             });
         }
         Ok(Box::new(MemLock(self.locked.clone())))

@@ -88,8 +88,19 @@ pub enum StorageError {
         offset_bytes: u64,
         error: FormatError,
     },
-    #[error("bank is locked by another process ({file})")]
-    Locked { file: String },
+    #[error("bank is locked by another process ({file}){}", gave_up_after(*waited_ms))]
+    Locked {
+        file: String,
+        /// How long the opener waited for the lock (`Bank::open_dir_waiting`).
+        waited_ms: u64,
+    },
+}
+
+fn gave_up_after(waited_ms: u64) -> String {
+    match waited_ms {
+        0 => String::new(),
+        _ => format!("; gave up after waiting {waited_ms} ms for it"),
+    }
 }
 
 impl StorageError {

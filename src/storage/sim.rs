@@ -450,6 +450,7 @@ impl Storage for SimStorage {
         if s.locked {
             return Err(StorageError::Locked {
                 file: "sim:LOCK".into(),
+                waited_ms: 0,
             });
         }
         s.locked = true;
