@@ -4,7 +4,9 @@
 //! limit, or one nested deeper than serde_json's recursion limit, and says
 //! nothing: the client waits for an answer that never comes. So each line
 //! is checked here first, and a refused one is answered with a JSON-RPC
-//! error carrying the request's id, as HTTP answers 413 or 400. Lines that
+//! error carrying the request's id, as HTTP answers 413 or 400 (one with
+//! no id to find, a notification, only on stderr: an answer nobody can
+//! match could start an error storm with a peer that echoes). Lines that
 //! pass go to rmcp through an in-process pipe. rmcp's answers come back
 //! through another pipe and are copied to stdout a whole line at a time,
 //! so an error written here never lands inside one of them.
@@ -42,6 +44,9 @@ impl Default for LineLimits {
 /// Bytes the in-process pipes buffer each way.
 const PIPE_BYTES: usize = 1 << 20;
 
+/// The line buffer's capacity kept between lines.
+const KEPT_LINE_BYTES: usize = 1 << 20;
+
 /// rmcp's ends of the two pipes, (read, write), and the task copying its
 /// answers to stdout, which ends once rmcp closes its write end. The task
 /// feeding it stdin's lines ends with stdin.
@@ -74,6 +79,9 @@ where
     let mut input = BufReader::with_capacity(64 << 10, input);
     let mut line = Vec::new();
     loop {
+        if line.capacity() > KEPT_LINE_BYTES {
+            line = Vec::new(); // a 64 MiB line does not pin 64 MiB for good
+        }
         line.clear();
         let Some(line_bytes) = read_line(&mut input, &mut line, limits.max_bytes).await? else {
             return Ok(());
@@ -86,9 +94,13 @@ where
             }
             Some(message) => {
                 eprintln!("deltamem mcp: refused a request: {message}");
+                let id = request_id(&line);
+                if id.is_null() {
+                    continue;
+                }
                 let answer = serde_json::json!({
                     "jsonrpc": "2.0",
-                    "id": request_id(&line),
+                    "id": id,
                     "error": {"code": -32600, "message": message},
                 });
                 let mut out = out.lock().await;
@@ -148,7 +160,9 @@ async fn read_line<R: AsyncRead + Unpin>(
 
 /// The `id` of a JSON-RPC request line, found without parsing the whole
 /// line (it may be the refused one): a top-level `"id"` key whose value is
-/// a number or a string. JSON-RPC answers `null` when it cannot be told.
+/// a number or a string; null when there is none. Of a line over the length
+/// limit only the first `max_bytes` are searched: the MCP SDKs write the id
+/// before the params.
 fn request_id(line: &[u8]) -> serde_json::Value {
     let mut key_start = None;
     let found = walk_structure(line, |state, at, b| {
@@ -224,14 +238,15 @@ mod tests {
         let good = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{"a":[1]}}}"#;
         let deep = r#"{"jsonrpc":"2.0","id":"q7","params":{"arguments":{"a":[[1]]}}}"#;
         let long = format!(r#"{{"jsonrpc":"2.0","id":3,"params":"{}"}}"#, "x".repeat(300));
-        let input = format!("{good}\n{deep}\n{long}\n\n{good}\n{{\"id\": 9, \"cut\": ");
+        let notification = r#"{"jsonrpc":"2.0","method":"m","params":{"a":[[[[1]]]]}}"#;
+        let input = format!("{good}\n{deep}\n{notification}\n{long}\n\n{good}\n{{\"id\": 9, \"cut\": ");
         let (forwarded, answers) = pump(input.as_bytes(), SMALL);
         assert_eq!(
             forwarded,
             format!("{good}\n\n{good}\n"),
             "the last, cut-off line is dropped"
         );
-        assert_eq!(answers.len(), 2, "{answers:?}");
+        assert_eq!(answers.len(), 2, "the notification is not answered: {answers:?}");
         assert_eq!(answers[0]["id"], "q7");
         assert_eq!(answers[0]["error"]["code"], -32600);
         let deep_message = answers[0]["error"]["message"].as_str().unwrap();
