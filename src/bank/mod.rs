@@ -28,6 +28,7 @@ use std::time::Instant;
 pub use checkpoint::PreparedCheckpoint;
 pub use compact::{CompactReport, FREEZING_MARK_FILE, FreezeReport};
 pub use error::BankError;
+pub(crate) use error::shown_id;
 pub use load::BatchResult;
 pub use mutate::{Attach, Change, ChangeAck, ConsolidateAck, HitAck, ImportedState, InsertAck, NewNode, PendingIds};
 pub use open::{BankConfig, OpenOptions};
@@ -313,7 +314,7 @@ impl Bank {
                 let (bytes, flags) = crate::format::row::encode_external_id(text)
                     .ok_or_else(|| BankError::UnknownNode(error::shown_id(text)))?;
                 self.with_external_ids(|ids| ids.get(&external_key(bytes, flags)).copied())?
-                    .ok_or_else(|| BankError::UnknownNode(format!("{text:?}")))
+                    .ok_or_else(|| BankError::UnknownNode(error::shown_id(text)))
             }
         }
     }

@@ -57,8 +57,16 @@ pub fn node_ref(path: Result<Path<String>, PathRejection>) -> ApiResult<NodeRef>
         return text
             .parse()
             .map(NodeRef::Index)
-            // Digits past u32 name no node: the same 404 as any unknown one.
-            .map_err(|_| ApiError::from_bank(crate::bank::BankError::UnknownNode(text), "id"));
+            // Digits past u32 name no node: the same 404 as any unknown one
+            // (a number shown as a number, unless it is too long to echo).
+            .map_err(move |_| {
+                let shown = if text.len() <= 20 {
+                    text
+                } else {
+                    crate::bank::shown_id(&text)
+                };
+                ApiError::from_bank(crate::bank::BankError::UnknownNode(shown), "id")
+            });
     }
     Ok(NodeRef::External(text))
 }
