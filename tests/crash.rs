@@ -401,3 +401,36 @@ fn every_freeze_crash_point_leaves_the_mark_or_the_whole_copy() {
     println!("freeze crash points {points}: {marked} images with the mark, {complete} complete copies");
     assert!(seeds == 0 || (marked > 0 && complete > 0));
 }
+
+/// A writer that opens after another died (kill -9) with records still
+/// unsynced in the page cache must not report them durable before they
+/// are: `durable_below_lsn` is what a server announces as durable. Each
+/// step a writer dies with 1 or 2 unsynced records; the next one opens,
+/// and a power loss at that moment must keep every record it reports.
+#[test]
+fn records_found_at_open_are_reported_durable_only_once_they_are() {
+    use deltamem::Bank;
+    use std::sync::Arc;
+    let storage = SimStorage::new();
+    Bank::create(Arc::new(storage.clone()), config())
+        .unwrap()
+        .close()
+        .unwrap();
+    for unsynced_count in [1, 2, 1] {
+        let mut dying = open_writer(&storage, SyncPolicy::None).unwrap();
+        for _ in 0..unsynced_count {
+            dying.insert(probe_node()).unwrap();
+        }
+        drop(dying); // no close, no sync: the process died
+        let next = open_writer(&storage, SyncPolicy::None).unwrap();
+        let reported = next.durable_below_lsn();
+        let survivor = open_writer(&storage.crash_image(Loss::LoseUnsynced), SyncPolicy::None).unwrap();
+        assert!(
+            survivor.durable_below_lsn() >= reported,
+            "reported durable below LSN {reported}, but a power loss keeps only those below {}",
+            survivor.durable_below_lsn()
+        );
+        drop(survivor);
+        drop(next);
+    }
+}

@@ -241,13 +241,13 @@ impl Bank {
         &self.manifest.trees[usize::from(tree)].name
     }
 
-    /// Every record with an LSN below this is durable on disk.
     /// LSN of the newest record in this writer's WAL (0: none yet, or a
     /// reader).
     pub(crate) fn last_lsn(&self) -> u64 {
         self.writer.as_ref().map_or(0, |w| w.wal.next_lsn() - 1)
     }
 
+    /// Every record with an LSN below this is durable on disk.
     pub fn durable_below_lsn(&self) -> u64 {
         self.writer.as_ref().map_or(0, |w| w.wal.synced_below())
     }

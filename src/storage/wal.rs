@@ -292,6 +292,12 @@ impl WalWriter {
         if torn {
             file.set_len(scan.valid_end_bytes)
                 .map_err(StorageError::io("truncate", desc.clone()))?;
+        }
+        // The records found may be a dead writer's, still unsynced in the
+        // page cache (a kill -9 keeps them there): they are counted durable
+        // below (`synced_below`), so they must be. On clean pages the
+        // fdatasync costs no I/O.
+        if torn || !scan.records.is_empty() {
             file.sync_data().map_err(StorageError::io("fsync", desc.clone()))?;
         }
         Ok(WalWriter {
