@@ -7,6 +7,7 @@
 
 use std::path::PathBuf;
 use std::sync::RwLock;
+use std::time::Duration;
 
 use deltamem::interop::InteropError;
 use deltamem::{Bank, BankConfig, BankError, Change, ChangeAck, NewNode, OpenOptions, QueryOptions, TreeSpec};
@@ -201,17 +202,28 @@ impl PyBank {
     }
 
     /// Opens an existing bank: the writer (one process at a time), or a
-    /// read-only handle (any number, alongside the writer).
+    /// read-only handle (any number, alongside the writer). The writer
+    /// waits up to `lock_wait_s` for another process's lock (without the
+    /// GIL), then raises `LockedError`.
     #[staticmethod]
-    #[pyo3(signature = (path, read_only=false, sync="always", query_threads=1))]
-    fn open(py: Python<'_>, path: PathBuf, read_only: bool, sync: &str, query_threads: usize) -> PyResult<PyBank> {
+    #[pyo3(signature = (path, read_only=false, sync="always", query_threads=1, lock_wait_s=0.0))]
+    fn open(
+        py: Python<'_>,
+        path: PathBuf,
+        read_only: bool,
+        sync: &str,
+        query_threads: usize,
+        lock_wait_s: f64,
+    ) -> PyResult<PyBank> {
         let options = OpenOptions {
             read_only,
             sync: args::sync(py, sync)?,
             ..OpenOptions::default()
         };
+        let lock_wait = Duration::try_from_secs_f64(lock_wait_s)
+            .map_err(|_| errors::invalid(py, format!("lock_wait_s {lock_wait_s} is not a duration")))?;
         PyBank::opened(py, path, |path| {
-            let mut bank = Bank::open_dir(path, options)?;
+            let mut bank = Bank::open_dir_waiting(path, options, lock_wait)?;
             bank.set_query_threads(query_threads);
             Ok(bank)
         })

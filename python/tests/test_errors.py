@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -34,6 +36,19 @@ def test_hierarchy():
 def test_locked_by_another_writer(bank, bank_path):
     with pytest.raises(deltamem.LockedError, match="locked"):
         deltamem.Bank.open(bank_path)
+    started = time.monotonic()
+    with pytest.raises(deltamem.LockedError, match="gave up after waiting"):
+        deltamem.Bank.open(bank_path, lock_wait_s=0.3)
+    assert time.monotonic() - started >= 0.3
+
+
+def test_a_writer_waits_for_the_lock_to_be_released(bank, bank_path):
+    # The holder lets go while the second open waits (without the GIL).
+    releaser = threading.Timer(0.3, bank.close)
+    releaser.start()
+    with deltamem.Bank.open(bank_path, lock_wait_s=10.0) as second:
+        assert second.path == bank.path
+    releaser.join()
 
 
 def test_not_found(bank, tmp_path):
