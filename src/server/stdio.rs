@@ -94,17 +94,15 @@ where
             }
             Some(message) => {
                 eprintln!("deltamem mcp: refused a request: {message}");
-                let id = request_id(&line);
-                if id.is_null() {
+                let Some(id) = request_id(&line) else {
                     continue;
-                }
-                let answer = serde_json::json!({
-                    "jsonrpc": "2.0",
-                    "id": id,
-                    "error": {"code": -32600, "message": message},
-                });
+                };
+                let error = serde_json::json!({"code": -32600, "message": message});
+                // The id as sent, byte for byte: a number read into f64 and
+                // written again (1.5e3 as 1500.0) would not match.
+                let answer = format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"error\":{error}}}\n");
                 let mut out = out.lock().await;
-                out.write_all(format!("{answer}\n").as_bytes()).await?;
+                out.write_all(answer.as_bytes()).await?;
                 out.flush().await?;
             }
         }
@@ -158,12 +156,12 @@ async fn read_line<R: AsyncRead + Unpin>(
     }
 }
 
-/// The `id` of a JSON-RPC request line, found without parsing the whole
-/// line (it may be the refused one): a top-level `"id"` key whose value is
-/// a number or a string; null when there is none. Of a line over the length
-/// limit only the first `max_bytes` are searched: the MCP SDKs write the id
-/// before the params.
-fn request_id(line: &[u8]) -> serde_json::Value {
+/// The `id` of a JSON-RPC request line as its JSON text, found without
+/// parsing the whole line (it may be the refused one): the value of a
+/// top-level `"id"` key, if it is a number or a string. Of a line over the
+/// length limit only the first `max_bytes` are searched: the MCP SDKs write
+/// the id before the params.
+fn request_id(line: &[u8]) -> Option<&str> {
     let mut key_start = None;
     let found = walk_structure(line, |state, at, b| {
         let (depth, was_in_string) = (state.depth, state.in_string);
@@ -180,14 +178,15 @@ fn request_id(line: &[u8]) -> serde_json::Value {
         }
         ControlFlow::Continue(())
     });
-    let Some(value_at) = found.break_value() else {
-        return serde_json::Value::Null;
-    };
-    let mut values = serde_json::Deserializer::from_slice(&line[value_at..]).into_iter::<serde_json::Value>();
-    match values.next() {
-        Some(Ok(id @ (serde_json::Value::Number(_) | serde_json::Value::String(_)))) => id,
-        _ => serde_json::Value::Null,
+    let value_at = found.break_value()?;
+    let rest = &line[value_at..];
+    if !matches!(rest.first(), Some(b'"' | b'-' | b'0'..=b'9')) {
+        return None;
     }
+    // One whole, valid JSON value (a string or a number) and where it ends.
+    let mut values = serde_json::Deserializer::from_slice(rest).into_iter::<serde_json::Value>();
+    values.next()?.ok()?;
+    std::str::from_utf8(&rest[..values.byte_offset()]).ok()
 }
 
 /// Copies rmcp's answers to `out` a whole line at a time, until rmcp
@@ -260,13 +259,23 @@ mod tests {
     }
 
     #[test]
-    fn the_id_is_the_top_level_one_or_null() {
-        let id = |line: &str| request_id(line.as_bytes());
-        assert_eq!(id(r#"{"params":{"id":5},"id" : 6}"#), 6);
-        assert_eq!(id(r#"{"x":"\"id\":4","id":"s"}"#), "s");
-        assert_eq!(id(r#"{"ids":1,"method":"m"}"#), serde_json::Value::Null);
-        assert_eq!(id(r#"{"id":{"a":1}}"#), serde_json::Value::Null);
-        assert_eq!(id(r#"{"id":7"#), 7, "a cut-off line still names its id");
-        assert_eq!(id("not json"), serde_json::Value::Null);
+    fn the_id_is_the_top_level_one_as_sent() {
+        let id = |line: &str| request_id(line.as_bytes()).map(str::to_string);
+        let some = |text: &str| Some(text.to_string());
+        assert_eq!(id(r#"{"params":{"id":5},"id" : 6}"#), some("6"));
+        assert_eq!(id(r#"{"x":"\"id\":4","id":"s\"q"}"#), some(r#""s\"q""#));
+        for number in ["123456789012345678901234567890", "1.5e3", "-0"] {
+            assert_eq!(
+                id(&format!(r#"{{"id":{number},"method":"m"}}"#)),
+                some(number),
+                "byte for byte"
+            );
+        }
+        assert_eq!(id(r#"{"ids":1,"method":"m"}"#), None);
+        assert_eq!(id(r#"{"id":{"a":1}}"#), None);
+        assert_eq!(id(r#"{"id":null}"#), None);
+        assert_eq!(id(r#"{"id":7"#), some("7"), "a cut-off line still names its id");
+        assert_eq!(id(r#"{"id":"unterminated"#), None);
+        assert_eq!(id("not json"), None);
     }
 }
