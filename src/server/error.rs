@@ -71,6 +71,8 @@ fn classify(e: &BankError, field: &str) -> (StatusCode, Option<String>) {
             (status, inner.map(|f| format!("nodes[{position}].{f}")))
         }
         BankError::Poisoned(_) | BankError::ReadOnly(_) => (StatusCode::SERVICE_UNAVAILABLE, None),
+        // Another process's writer lock, held past the wait (`deltamem mcp`).
+        e if e.is_locked() => (StatusCode::SERVICE_UNAVAILABLE, None),
         _ => (StatusCode::INTERNAL_SERVER_ERROR, None),
     }
 }

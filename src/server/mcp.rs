@@ -90,10 +90,7 @@ impl SharedBank {
             checkpoint_wal_bytes: 4 * 1024 * 1024,
             ..OpenOptions::default()
         };
-        Bank::open_dir_waiting(&self.path, options, self.lock_wait).map_err(|e| match e.is_locked() {
-            true => ApiError::unavailable(e.to_string()),
-            false => ApiError::from_bank(e, "bank"),
-        })
+        Bank::open_dir_waiting(&self.path, options, self.lock_wait).map_err(|e| ApiError::from_bank(e, "bank"))
     }
 }
 

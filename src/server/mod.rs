@@ -50,7 +50,7 @@ pub struct ServeConfig {
     pub checkpoint_wal_bytes: u64,
     /// Longest wait at start for another process (a `deltamem mcp`, a CLI
     /// write) to release the bank's writer lock.
-    pub lock_wait: std::time::Duration,
+    pub lock_wait: Duration,
     pub limits: Limits,
 }
 
