@@ -403,7 +403,7 @@ fn a_body_that_is_not_an_object_is_refused() {
 fn a_compressed_body_and_an_unknown_parent_are_named() {
     let (_dir, path) = bank(DIM as u32);
     let server = Server::start(&path, &[]);
-    let address = server.base.trim_start_matches("http://").to_string();
+    let address = server.address();
     let body = node("task", json!("root"), "a", &one_hot(0)).to_string();
     let head = format!(
         "POST /v1/nodes HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
@@ -580,7 +580,7 @@ fn raw_exchange(address: &str, head: &str, body: &[u8]) -> String {
 fn a_stalled_request_head_is_closed_and_cannot_hold_shutdown() {
     let (_dir, path) = bank(DIM as u32);
     let server = Server::start(&path, &["--request-timeout-ms", "1000"]);
-    let address = server.base.trim_start_matches("http://").to_string();
+    let address = server.address();
     let mut partial = TcpStream::connect(&address).unwrap();
     partial.write_all(b"G").unwrap();
     let mut silent = TcpStream::connect(&address).unwrap();
@@ -628,7 +628,7 @@ fn unknown_routes_and_methods_answer_json() {
 fn a_slow_client_blocks_no_one() {
     let (_dir, path) = bank(DIM as u32);
     let server = Server::start(&path, &["--request-timeout-ms", "1500"]);
-    let address = server.base.trim_start_matches("http://").to_string();
+    let address = server.address();
     let mut slow = TcpStream::connect(&address).unwrap();
     let body = node("task", json!("root"), "slow", &one_hot(0)).to_string();
     let head = format!(
@@ -678,7 +678,7 @@ fn sigterm_checkpoints_and_exits_zero() {
 fn sigterm_ends_event_streams() {
     let (_dir, path) = bank(DIM as u32);
     let server = Server::start(&path, &[]);
-    let address = server.base.trim_start_matches("http://").to_string();
+    let address = server.address();
     let mut events = TcpStream::connect(&address).unwrap();
     write!(events, "GET /v1/events HTTP/1.1\r\nHost: {address}\r\n\r\n").unwrap();
     events.set_read_timeout(Some(Duration::from_secs(20))).unwrap();

@@ -30,6 +30,11 @@ pub fn bank(dim: u32) -> (tempfile::TempDir, PathBuf) {
 }
 
 impl Server {
+    /// `host:port` of the server, for raw TCP clients.
+    pub fn address(&self) -> String {
+        self.base.trim_start_matches("http://").to_string()
+    }
+
     /// Starts `deltamem serve BANK --listen 127.0.0.1:0 EXTRA..` and waits
     /// for the line naming its address.
     pub fn start(bank: &Path, extra: &[&str]) -> Server {
