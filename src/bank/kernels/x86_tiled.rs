@@ -188,8 +188,16 @@ macro_rules! tiled {
                 // per FMA, against three loads per two FMAs one at a time.
                 if nq - b == 2 {
                     let q = [queries[b].as_ptr(), queries[b + 1].as_ptr()];
-                    // SAFETY: as above.
-                    let s = unsafe { $tile::<R, 2, false>(q, v, ahead, dim) };
+                    // SAFETY: as above. With only two queries this is the
+                    // first group, and it prefetches (without, a pass of
+                    // two waited on memory: 25 ms against 11 ms for one).
+                    let s = unsafe {
+                        if b == 0 {
+                            $tile::<R, 2, true>(q, v, ahead, dim)
+                        } else {
+                            $tile::<R, 2, false>(q, v, ahead, dim)
+                        }
+                    };
                     let mut wide = [[0.0f32; $q]; R];
                     for r in 0..R {
                         wide[r][..2].copy_from_slice(&s[r]);
@@ -198,8 +206,14 @@ macro_rules! tiled {
                     b += 2;
                 }
                 while b < nq {
-                    // SAFETY: as above.
-                    let s = unsafe { $tile::<R, 1, false>([queries[b].as_ptr()], v, ahead, dim) };
+                    // SAFETY: as above (a lone query prefetches, as above).
+                    let s = unsafe {
+                        if b == 0 {
+                            $tile::<R, 1, true>([queries[b].as_ptr()], v, ahead, dim)
+                        } else {
+                            $tile::<R, 1, false>([queries[b].as_ptr()], v, ahead, dim)
+                        }
+                    };
                     let mut wide = [[0.0f32; $q]; R];
                     for r in 0..R {
                         wide[r][0] = s[r][0];
