@@ -47,12 +47,17 @@ enum Data {
     /// Random vectors, trees in runs longer than a segment: whole
     /// segments of one tree (scanned without per-row filters).
     Runs,
+    /// One base direction plus 1e-3 noise: scores differ by about as much
+    /// as bfloat16 rounding moves them, so the rounded order is often not
+    /// the exact one.
+    CloseTies,
 }
 
 fn embedding(rng: &mut Rng, dim: usize, data: Data, base: &[f32]) -> Vec<f32> {
     match data {
         Data::Random => rng.vector(dim),
         Data::NearTies => base.iter().map(|b| b + rng.f32() * 1e-6).collect(),
+        Data::CloseTies => base.iter().map(|b| b + rng.f32() * 1e-3).collect(),
         Data::Concentrated => {
             let mut v: Vec<f32> = rng.vector(dim).iter().map(|x| x * 0.01).collect();
             v[rng.below(3)] += 1.0 + rng.f32() * 0.1;
@@ -466,5 +471,62 @@ fn row_ranges_across_a_checkpoint_and_later_writes_give_the_earlier_answer() {
             .map(|t| bank.matches(&t.into_sorted()).unwrap())
             .collect();
         assert_eq!(got, want, "{precision:?}");
+    }
+}
+
+#[test]
+fn wide_f32_batches_give_the_one_query_answers() {
+    // Eight or more f32 queries may be scored first in bfloat16 and then
+    // re-scored exactly (`kernels::bf16`): near-ties and duplicates sit
+    // far inside the rounding error, so any pair the bound wrongly skips
+    // shows here. k = 400 with tau -1 re-scores most pairs, so the scan
+    // falls back to the exact kernel part of the way.
+    let level = deltamem::bank::kernels::Level::active();
+    println!(
+        "bfloat16 first pass {}",
+        if deltamem::bank::kernels::bf16::runs_at(level) {
+            "in use"
+        } else {
+            "not available: this test compares the exact kernels only"
+        }
+    );
+    let cases = [
+        (Data::Random, 48, 900),
+        (Data::NearTies, 48, 900),
+        (Data::Concentrated, 40, 700),
+        (Data::Duplicates, 24, 600),
+        (Data::Runs, 32, 1500),
+        (Data::NearTies, 1000, 300),
+        (Data::CloseTies, 48, 900),
+        (Data::CloseTies, 768, 400),
+    ];
+    for (seed, (data, dim, count)) in cases.into_iter().enumerate() {
+        let pair = pair(Precision::F32, data, dim, count, seed as u64 + 40);
+        for k in [1, 3, 10, 400] {
+            for eps in [None, Some(0.0), Some(1e-6), Some(0.3)] {
+                for tau in [Some(-1.0), Some(0.2)] {
+                    for include_consolidated in [false, true] {
+                        let opts = QueryOptions {
+                            k,
+                            tau,
+                            eps,
+                            include_consolidated,
+                        };
+                        for tree in ["task", "env"] {
+                            let want: Vec<Vec<(u32, u32, u8)>> = pair
+                                .queries
+                                .iter()
+                                .map(|q| summary(&pair.f32.query(tree, q, &opts).unwrap()))
+                                .collect();
+                            for n in [8, 9, 12] {
+                                let got = pair.f32.query_batch(tree, &pair.queries[..n], &opts).unwrap();
+                                let got: Vec<_> = got.iter().map(|m| summary(m)).collect();
+                                assert_eq!(got, want[..n], "{data:?} dim {dim} {opts:?} {tree} batch of {n}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -67,6 +67,18 @@ impl TopK {
         }
     }
 
+    /// The least score `admits`: minus infinity until full, then the
+    /// worst kept (plus infinity when k is 0). For every score that is not
+    /// NaN, `admits(s) == (s >= floor())`.
+    #[inline]
+    pub fn floor(&self) -> f32 {
+        if self.items.len() < self.k {
+            f32::NEG_INFINITY
+        } else {
+            self.items.last().map_or(f32::INFINITY, |w| w.score)
+        }
+    }
+
     /// The score a candidate must beat (or tie) to enter, once full.
     #[inline]
     pub fn admits(&self, score: f32) -> bool {

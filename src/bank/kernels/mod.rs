@@ -12,10 +12,13 @@
 //! arithmetic). Levels differ from each other only by float rounding; the
 //! int8 kernels are exact integer arithmetic, identical everywhere.
 
+pub mod bf16;
 mod portable;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_bf16;
 #[cfg(target_arch = "x86_64")]
 mod x86_tiled;
 

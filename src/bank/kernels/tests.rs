@@ -2,6 +2,7 @@
 //! from the length; batched against single; f16 against f32 of the same
 //! values; int8 exactly.
 
+use super::bf16;
 use super::quant::{QueryInt8, decode_f16, encode_f16, encode_int8_row, gamma, round_to_f16};
 use super::*;
 
@@ -573,4 +574,73 @@ fn f16_slice_conversions_round_like_the_scalar_one() {
         assert_eq!(is_f16_exact(v), exact, "is_f16_exact, len {len}");
         assert!(is_f16_exact(&rounded), "a rounded vector is exact");
     }
+}
+
+#[test]
+fn bf16_bound_covers_every_row_and_query() {
+    let level = Level::Avx512;
+    if !bf16::runs_at(level) {
+        println!("skipped: this CPU has no AVX-512 BF16 (or DELTAMEM_BF16=off)");
+        return;
+    }
+    let mut rng = Rng(23);
+    let mut worst_ratio = 0.0f64;
+    for n in [1, 3, 17, 31, 32, 33, 64, 100, 768, 1031, 4096] {
+        for family in 0..4 {
+            let queries: Vec<Vec<f32>> = (0..9).map(|f| adversarial(&mut rng, n, (family + f) % 4)).collect();
+            let mut rows: Vec<Vec<f32>> = (0..7).map(|f| adversarial(&mut rng, n, (family + f) % 4)).collect();
+            // Not unit length: components down among the subnormals (which
+            // the instructions flush to zero) and a large norm.
+            rows.push(rows[0].iter().map(|x| x * 1e-37).collect());
+            rows.push(rows[1].iter().map(|x| x * 1e18).collect());
+            let bytes = column(&rows, f32_bytes, 4 * n + 4);
+            let slots: Vec<u32> = (0..rows.len() as u32).collect();
+            let set = Rows {
+                bytes: &bytes,
+                stride_bytes: 4 * n + 4,
+                offset_bytes: 3,
+                slots: &slots,
+            };
+            let query_refs: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
+            let rounded_queries = bf16::Rounded::queries(level, &query_refs, n);
+            let mut rounded = bf16::Rounded::with_capacity(rows.len(), n);
+            bf16::round_rows(level, set, n, &mut rounded);
+            let mut approx = vec![0.0f32; rows.len() * queries.len()];
+            let mut bounds = vec![0.0f32; rows.len()];
+            bf16::score(
+                level,
+                &rounded_queries,
+                &rounded,
+                rows.len(),
+                &mut approx,
+                &mut bounds,
+                &[],
+            );
+            for exact_level in Level::all_supported() {
+                for (b, q) in queries.iter().enumerate() {
+                    let mut exact = vec![0.0f32; rows.len()];
+                    score_f32(exact_level, &[q], n, set, &mut exact);
+                    for (i, &e) in exact.iter().enumerate() {
+                        let a = approx[i * queries.len() + b];
+                        let error = f64::from((a - e).abs());
+                        let bound = f64::from(bounds[i]);
+                        assert!(
+                            error <= bound,
+                            "n={n} family {family} row {i} query {b} {exact_level:?}: |{a} - {e}| > {bound}"
+                        );
+                        if bound > 0.0 && bound.is_finite() {
+                            worst_ratio = worst_ratio.max(error / bound);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // A bound no error comes near would make the scan re-score rows it
+    // need not; one that is met exactly would be suspicious.
+    println!("largest |approx - exact| / bound seen: {worst_ratio:.3}");
+    assert!(
+        worst_ratio > 0.01,
+        "the bound is far looser than the errors: {worst_ratio}"
+    );
 }
