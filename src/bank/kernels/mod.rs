@@ -11,6 +11,10 @@
 //! values held as f32 (the f16 kernel converts, then runs the f32
 //! arithmetic). Levels differ from each other only by float rounding; the
 //! int8 kernels are exact integer arithmetic, identical everywhere.
+//!
+//! `bf16` is not a storage form: it rounds f32 rows and queries to
+//! bfloat16 for an approximate first pass of wide f32 batches, with a
+//! bound on its error, so the scan scores exactly only what could matter.
 
 pub mod bf16;
 mod portable;
