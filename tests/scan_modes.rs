@@ -499,9 +499,15 @@ fn wide_f32_batches_give_the_one_query_answers() {
         (Data::NearTies, 1000, 300),
         (Data::CloseTies, 48, 900),
         (Data::CloseTies, 768, 400),
+        (Data::CloseTies, 96, 900),
+        (Data::CloseTies, 300, 600),
+        // Two threads of at least 16,384 rows each, and chunks enough that
+        // a fall back to the exact kernel ends and the rounded pass resumes.
+        (Data::CloseTies, 32, 40_000),
     ];
     for (seed, (data, dim, count)) in cases.into_iter().enumerate() {
-        let pair = pair(Precision::F32, data, dim, count, seed as u64 + 40);
+        let mut pair = pair(Precision::F32, data, dim, count, seed as u64 + 40);
+        pair.f32.set_query_threads(if count > 32_768 { 2 } else { 1 });
         for k in [1, 3, 10, 400] {
             for eps in [None, Some(0.0), Some(1e-6), Some(0.3)] {
                 for tau in [Some(-1.0), Some(0.2)] {

@@ -68,8 +68,8 @@ impl TopK {
     }
 
     /// The least score `admits`: minus infinity until full, then the
-    /// worst kept (plus infinity when k is 0). For every score that is not
-    /// NaN, `admits(s) == (s >= floor())`.
+    /// worst kept (plus infinity when k is 0, which admits nothing). For
+    /// every finite score s, `admits(s) == (s >= floor())`.
     #[inline]
     pub fn floor(&self) -> f32 {
         if self.items.len() < self.k {

@@ -19,14 +19,26 @@
 //! of their magnitudes; the exact f32 kernel's own rounding adds as much
 //! again. By Cauchy-Schwarz the sum of |q_i x_i| is at most |q| |x|. So
 //!
-//!   |approx - exact f32| <= (2u + u^2 + 3 gamma(dim + 8)) |q| |x| + tiny,
+//!   |approx - exact f32| <= (2u + u^2 + 3 gamma(dim + 8)) |q| |x| + tiny.
 //!
-//! where `tiny` covers components flushed to zero (the instructions treat
-//! values below 2^-126 as zero: at most 2^-125 a component). `factor`
-//! rounds the constant up by a quarter, which also covers the f32 rounding
-//! of the norms, of the bound and of `approx + bound` (|approx| is at most
-//! about |q| |x|, so one rounding of it is ~2^-24 |q| |x|, far inside the
-//! quarter); `tests.rs` checks it on adversarial vectors.
+//! Values below 2^-126 (f32's least normal) need care, as the
+//! instructions treat them as zero:
+//! - A component flushed to zero loses |q_i x_i| <= 2^-126 |q_i| (or
+//!   |x_i|), at most 2^-126 sqrt(dim) |q| over a row. The norms are taken
+//!   as sqrt(sum of squares + dim 2^-126): a square that underflows loses
+//!   less than 2^-126, so this is still at least the norm, and it is at
+//!   least sqrt(dim) 2^-63, which makes the first term cover every
+//!   flushed component many times over, for rows and queries of any
+//!   scale (without it, a row of components near 1e-22 has squares that
+//!   underflow to a norm of 0).
+//! - A product or partial sum flushed to zero loses less than 2^-126 each:
+//!   `tiny` is (2 dim + 16) 2^-125, twice that many.
+//!
+//! `factor` rounds the constant up by a quarter, which also covers the f32
+//! rounding of the norms (relative ~1e-6) and of the bound. The rounding
+//! of `approx + bound - penalty` needs no margin: rounding is monotone and
+//! the exact score is itself an f32. `tests.rs` checks the bound on
+//! adversarial vectors, unit and scaled from 1e-37 to 1e18.
 
 use super::{Level, Rows};
 
@@ -69,15 +81,16 @@ pub fn factor(dim: usize) -> f32 {
     (exact * 1.25) as f32
 }
 
-/// The bound's absolute term: every component flushed to zero.
+/// The bound's absolute term: every product and partial sum flushed to
+/// zero (see the module comment).
 pub fn tiny(dim: usize) -> f32 {
-    (dim as f32 + 1.0) * 2f32.powi(-124)
+    (2.0 * dim as f32 + 16.0) * 2f32.powi(-125)
 }
 
 /// Rows (or queries) rounded to bfloat16, `lines_per_row` lines each,
-/// zero padded to whole lines, with each row's Euclidean norm (of the f32
-/// values, computed in f32: its relative error, ~1e-5 at most, is inside
-/// the quarter `factor` adds).
+/// zero padded to whole lines, with an upper bound of each row's
+/// Euclidean norm (of the f32 values, computed in f32: sqrt(sum of squares
+/// + dim 2^-126), see the module comment).
 #[derive(Debug, Clone, Default)]
 pub struct Rounded {
     pub lines: Vec<Line>,
@@ -134,8 +147,8 @@ pub fn round_rows(level: Level, rows: Rows<'_>, dim: usize, out: &mut Rounded) {
     assert!(out.norms.len() >= rows.slots.len(), "room for every row");
     rows.check(dim * 4);
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `runs_at` checked the CPU features; `rows.check` the rows,
-    // the asserts above the room in `out` (`norms` sizes `lines`).
+    // SAFETY: `runs_at` checked the CPU features and `rows.check` the
+    // rows; the x86 function asserts the room in `out` itself.
     unsafe {
         super::x86_bf16::round_rows(rows, dim, &mut out.lines, &mut out.norms)
     }
@@ -165,9 +178,8 @@ pub fn score(
     assert!(rows.norms.len() >= count && bounds.len() >= count, "a bound per row");
     assert!(out.len() >= count * nq, "a score per row and query");
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `runs_at` checked the CPU features; the asserts above size
-    // the rows, queries and output (each `Rounded` holds `lines_per_row`
-    // lines per norm).
+    // SAFETY: `runs_at` checked the CPU features; the x86 function
+    // asserts that the queries, rows and output hold what it reads.
     unsafe {
         super::x86_bf16::score(&queries.lines, nq, &rows.lines, count, rows.lines_per_row, out, ahead)
     }

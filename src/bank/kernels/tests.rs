@@ -587,12 +587,16 @@ fn bf16_bound_covers_every_row_and_query() {
     let mut worst_ratio = 0.0f64;
     for n in [1, 3, 17, 31, 32, 33, 64, 100, 768, 1031, 4096] {
         for family in 0..4 {
-            let queries: Vec<Vec<f32>> = (0..9).map(|f| adversarial(&mut rng, n, (family + f) % 4)).collect();
+            let mut queries: Vec<Vec<f32>> = (0..9).map(|f| adversarial(&mut rng, n, (family + f) % 4)).collect();
             let mut rows: Vec<Vec<f32>> = (0..7).map(|f| adversarial(&mut rng, n, (family + f) % 4)).collect();
-            // Not unit length: components down among the subnormals (which
-            // the instructions flush to zero) and a large norm.
-            rows.push(rows[0].iter().map(|x| x * 1e-37).collect());
-            rows.push(rows[1].iter().map(|x| x * 1e18).collect());
+            // Not unit length: components whose squares underflow (1e-22,
+            // 1e-25, 1e-30), down among the subnormals (which the
+            // instructions flush to zero), and a large norm; queries too.
+            for (from, scale) in [(0, 1e-22f32), (1, 1e-25), (2, 1e-30), (3, 1e-37), (4, 1e18)] {
+                rows.push(rows[from].iter().map(|x| x * scale).collect());
+            }
+            queries[7].iter_mut().for_each(|x| *x *= 1e-24);
+            queries[8].iter_mut().for_each(|x| *x *= 1e10);
             let bytes = column(&rows, f32_bytes, 4 * n + 4);
             let slots: Vec<u32> = (0..rows.len() as u32).collect();
             let set = Rows {
@@ -637,10 +641,11 @@ fn bf16_bound_covers_every_row_and_query() {
         }
     }
     // A bound no error comes near would make the scan re-score rows it
-    // need not; one that is met exactly would be suspicious.
+    // need not (0.41 is seen: the bound's quarter of slack, and errors
+    // short of the worst case).
     println!("largest |approx - exact| / bound seen: {worst_ratio:.3}");
     assert!(
-        worst_ratio > 0.01,
+        worst_ratio > 0.2,
         "the bound is far looser than the errors: {worst_ratio}"
     );
 }
