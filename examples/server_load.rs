@@ -88,6 +88,7 @@ fn start(path: &Path) -> String {
         read_only: false,
         checkpoint_wal_bytes: OpenOptions::default().checkpoint_wal_bytes,
         lock_wait: std::time::Duration::ZERO,
+        on_lock_wait: None,
         limits: Limits::default(),
     };
     std::thread::spawn(move || serve(config, |addr: SocketAddr| tx.send(addr).unwrap()).unwrap());

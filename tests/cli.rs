@@ -522,6 +522,39 @@ fn a_writer_waits_for_the_lock_to_be_released() {
 }
 
 #[test]
+fn serve_says_it_waits_for_a_held_lock_then_starts() {
+    let (_dir, b) = bank(&[]);
+    let (mut first, stdin, acks) = start_insert(&b, "always");
+    send(&stdin, &task(json!("root"), "held", &[1.0, 0.0, 0.0, 0.0]));
+    acks.recv_timeout(Duration::from_secs(10)).expect("an ack");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+        .args(["serve", s(&b), "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
+    // Without the notice the first line would come after the 10 s wait,
+    // and be the lock error.
+    let waiting = lines.next().unwrap().unwrap();
+    assert!(
+        waiting.contains("is locked by another writer; waiting up to 10000 ms for it"),
+        "{waiting}"
+    );
+    drop(stdin);
+    assert!(first.wait().unwrap().success());
+    let serving = lines.next().unwrap().unwrap();
+    assert!(
+        serving.contains("serving") && serving.contains("on http://127.0.0.1:"),
+        "{serving}"
+    );
+    let pid = server.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(server.wait().unwrap().success());
+    assert_eq!(ok(&["dump", s(&b)], "").lines().len(), 1);
+}
+
+#[test]
 fn verify_passes_then_reports_a_flipped_byte() {
     let (_dir, b) = bank(&[]);
     insert(

@@ -173,12 +173,28 @@ impl Bank {
         options: OpenOptions,
         lock_wait: Duration,
     ) -> Result<Bank, BankError> {
+        Bank::open_dir_noting_wait(path, options, lock_wait, || {})
+    }
+
+    /// `open_dir_waiting`, calling `waiting` once, when the first try
+    /// finds the lock held and the wait begins: a long-running face
+    /// (`deltamem serve`) says why it has not started yet.
+    pub fn open_dir_noting_wait(
+        path: impl AsRef<Path>,
+        options: OpenOptions,
+        lock_wait: Duration,
+        waiting: impl FnOnce(),
+    ) -> Result<Bank, BankError> {
         let started = Instant::now();
         let (mut pause_ms, mut attempt) = (1u64, 0u32);
+        let mut waiting = Some(waiting);
         loop {
             attempt = attempt.wrapping_add(1);
             match Bank::open_dir(path.as_ref(), options.clone()) {
                 Err(e) if e.is_locked() && started.elapsed() < lock_wait => {
+                    if let Some(note) = waiting.take() {
+                        note();
+                    }
                     let left = lock_wait.saturating_sub(started.elapsed());
                     std::thread::sleep(Duration::from_millis(pause_ms + retry_jitter_ms(attempt)).min(left));
                     pause_ms = (pause_ms * 2).min(8);

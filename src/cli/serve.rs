@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 
@@ -78,6 +79,7 @@ pub fn serve(args: ServeArgs, quiet: bool) -> anyhow::Result<Status> {
         read_only: args.read_only,
         checkpoint_wal_bytes: args.checkpoint_wal_mib << 20,
         lock_wait: super::lock_wait(),
+        on_lock_wait: (!quiet).then_some(say_waiting),
         limits: deltamem::server::Limits {
             body_bytes: args.max_body_bytes,
             batch_items: args.max_batch,
@@ -93,6 +95,15 @@ pub fn serve(args: ServeArgs, quiet: bool) -> anyhow::Result<Status> {
     })
     .with_context(|| format!("serving {}", args.bank.display()))?;
     Ok(Status::Ok)
+}
+
+/// Told when `serve` finds the writer lock held at start.
+fn say_waiting(bank: &Path, lock_wait: Duration) {
+    eprintln!(
+        "deltamem: {} is locked by another writer; waiting up to {} ms for it (--lock-wait-ms)",
+        bank.display(),
+        lock_wait.as_millis()
+    );
 }
 
 pub fn mcp(args: McpArgs) -> anyhow::Result<Status> {

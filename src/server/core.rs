@@ -91,20 +91,22 @@ impl Core {
     /// Opens the bank as its writer (or read-only) and starts the writer
     /// thread.
     /// `options` says whether to open read-only and when to checkpoint.
-    /// `lock_wait` bounds the wait for another process's writer lock.
+    /// `lock_wait` bounds the wait for another process's writer lock;
+    /// `waiting` is called if that wait begins.
     pub fn open(
         path: &Path,
         policy: SyncPolicy,
         options: OpenOptions,
         threads: usize,
         lock_wait: std::time::Duration,
+        waiting: impl FnOnce(),
     ) -> Result<Arc<Core>, BankError> {
         let options = OpenOptions {
             // The writer thread syncs itself, once per round.
             sync: SyncPolicy::None,
             ..options
         };
-        let bank = Bank::open_dir_waiting(path, options, lock_wait)?;
+        let bank = Bank::open_dir_noting_wait(path, options, lock_wait, waiting)?;
         Core::serve(bank, policy, threads)
     }
 

@@ -51,6 +51,9 @@ pub struct ServeConfig {
     /// Longest wait at start for another process (a `deltamem mcp`, a CLI
     /// write) to release the bank's writer lock.
     pub lock_wait: Duration,
+    /// Called with the bank's path and `lock_wait` if that wait begins
+    /// (the CLI says on stderr why the server has not started yet).
+    pub on_lock_wait: Option<fn(&std::path::Path, Duration)>,
     pub limits: Limits,
 }
 
@@ -94,7 +97,19 @@ pub fn serve(config: ServeConfig, ready: impl FnOnce(SocketAddr)) -> Result<(), 
         checkpoint_wal_bytes: config.checkpoint_wal_bytes,
         ..OpenOptions::default()
     };
-    let core = Core::open(&config.bank, config.sync, options, config.threads, config.lock_wait)?;
+    let waiting = || {
+        if let Some(note) = config.on_lock_wait {
+            note(&config.bank, config.lock_wait);
+        }
+    };
+    let core = Core::open(
+        &config.bank,
+        config.sync,
+        options,
+        config.threads,
+        config.lock_wait,
+        waiting,
+    )?;
     let served = runtime.block_on(run(config, core.clone(), ready));
     // Requests in flight have finished: drain the writer and checkpoint.
     let closed = core.shutdown();

@@ -29,7 +29,15 @@ fn served(policy: SyncPolicy) -> (tempfile::TempDir, std::sync::Arc<Core>) {
         .unwrap()
         .close()
         .unwrap();
-    let core = Core::open(dir.path(), policy, OpenOptions::default(), 1, std::time::Duration::ZERO).unwrap();
+    let core = Core::open(
+        dir.path(),
+        policy,
+        OpenOptions::default(),
+        1,
+        std::time::Duration::ZERO,
+        || {},
+    )
+    .unwrap();
     (dir, core)
 }
 
