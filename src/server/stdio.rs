@@ -1,12 +1,13 @@
 //! The stdio transport of `deltamem mcp`, with limits like the HTTP face's.
 //!
 //! rmcp reads JSON-RPC lines itself, but it drops a line over its length
-//! limit, or one nested deeper than serde_json's recursion limit, and says
-//! nothing: the client waits for an answer that never comes. So each line
-//! is checked here first, and a refused one is answered with a JSON-RPC
-//! error carrying the request's id, as HTTP answers 413 or 400 (one with
-//! no id to find, a notification, only on stderr: an answer nobody can
-//! match could start an error storm with a peer that echoes). Lines that
+//! limit, one nested deeper than serde_json's recursion limit, or one that
+//! is not UTF-8, and says nothing: the client waits for an answer that
+//! never comes. So each line is checked here first, and a refused one is
+//! answered with a JSON-RPC error carrying the request's id, as HTTP
+//! answers 413 or 400 (one with no id to find, a notification, only on
+//! stderr: an answer nobody can match could start an error storm with a
+//! peer that echoes). Lines that
 //! pass go to rmcp through an in-process pipe. rmcp's answers come back
 //! through another pipe and are copied to stdout a whole line at a time,
 //! so an error written here never lands inside one of them.
@@ -92,12 +93,12 @@ where
                 to_rmcp.write_all(&line).await?;
                 to_rmcp.flush().await?;
             }
-            Some(message) => {
+            Some((code, message)) => {
                 eprintln!("deltamem mcp: refused a request: {message}");
                 let Some(id) = request_id(&line) else {
                     continue;
                 };
-                let error = serde_json::json!({"code": -32600, "message": message});
+                let error = serde_json::json!({"code": code, "message": message});
                 // The id as sent, byte for byte: a number read into f64 and
                 // written again (1.5e3 as 1500.0) would not match.
                 let answer = format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"error\":{error}}}\n");
@@ -109,20 +110,33 @@ where
     }
 }
 
+/// JSON-RPC's code for a request that is not a valid request object.
+const INVALID_REQUEST: i32 = -32600;
+/// JSON-RPC's code for a request that is not JSON at all.
+const PARSE_ERROR: i32 = -32700;
+
 /// Why a line of `line_bytes` bytes (of which `line` holds the first
-/// `limits.max_bytes`) is refused, if it is.
-fn refusal(line: &[u8], line_bytes: usize, limits: LineLimits) -> Option<String> {
+/// `limits.max_bytes`) is refused, if it is, with the JSON-RPC error code.
+/// A line that is not UTF-8 (a stray byte inside a string) is refused
+/// here too: rmcp drops it without an answer.
+fn refusal(line: &[u8], line_bytes: usize, limits: LineLimits) -> Option<(i32, String)> {
     if line_bytes > limits.max_bytes {
-        return Some(format!(
+        let message = format!(
             "the request line is {line_bytes} bytes, over the limit of {} bytes",
             limits.max_bytes
-        ));
+        );
+        return Some((INVALID_REQUEST, message));
+    }
+    if let Err(e) = std::str::from_utf8(line) {
+        let message = format!("the request line is not UTF-8 (at byte {})", e.valid_up_to());
+        return Some((PARSE_ERROR, message));
     }
     super::http::nesting_beyond(line, limits.max_depth).map(|at| {
-        format!(
+        let message = format!(
             "the request nests deeper than {} levels (at byte {at})",
             limits.max_depth
-        )
+        );
+        (INVALID_REQUEST, message)
     })
 }
 
@@ -256,6 +270,21 @@ mod tests {
             long_message.contains(&format!("{} bytes, over the limit of 200", long.len())),
             "{long_message}"
         );
+    }
+
+    #[test]
+    fn a_line_that_is_not_utf8_is_answered_not_forwarded() {
+        let good = r#"{"jsonrpc":"2.0","id":1,"method":"m"}"#;
+        let mut input = br#"{"jsonrpc":"2.0","id":5,"method":"m","params":{"s":"a"#.to_vec();
+        input.extend_from_slice(b"\xff\"}}\n");
+        input.extend_from_slice(format!("{good}\n").as_bytes());
+        let (forwarded, answers) = pump(&input, SMALL);
+        assert_eq!(forwarded, format!("{good}\n"));
+        assert_eq!(answers.len(), 1, "{answers:?}");
+        assert_eq!(answers[0]["id"], 5);
+        assert_eq!(answers[0]["error"]["code"], -32700);
+        let message = answers[0]["error"]["message"].as_str().unwrap();
+        assert!(message.contains("not UTF-8 (at byte 53)"), "{message}");
     }
 
     #[test]
