@@ -2,16 +2,17 @@
 //! line per row, in row order, in the same format as stdin queries. Rows
 //! are read in blocks; each block is split across `--threads` scoped
 //! threads sharing the read-only bank, and printed in order once done.
-//! Each thread scores its rows `MAX_BLOCK` at a time with one
-//! `query_batch` pass over the column (~3x the rows per second of one
-//! pass per row); a row the bank refuses gets an error line of its own.
+//! Each thread scores its rows as many at a time as one `query_batch`
+//! pass over the column takes (`Bank::pass_queries`: 64 in an f32 bank,
+//! 8 in f16 and int8 banks; ~3x the rows per second of one pass per row
+//! at 8, more at 64); a row the bank refuses gets an error line of its
+//! own.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use deltamem::api::QueryReply;
-use deltamem::bank::kernels::MAX_BLOCK;
 use deltamem::interop::npy::{NpyRowReader, row_problem};
 use deltamem::{Bank, BankError, Match, QueryOptions};
 use serde::Serialize;
@@ -102,14 +103,16 @@ fn answer(bank: &Bank, row: u64, found: Result<Vec<Match>, BankError>) -> Answer
     }
 }
 
-/// Answers consecutive rows from `first`: the good ones `MAX_BLOCK` per
-/// pass over the column, each refused one (or, if a pass fails, each row
-/// of it) by a query of its own, whose error is then that row's.
+/// Answers consecutive rows from `first`: the good ones as many per pass
+/// over the column as the bank scores together (`Bank::pass_queries`),
+/// each refused one (or, if a pass fails, each row of it) by a query of
+/// its own, whose error is then that row's.
 fn answer_rows(bank: &Bank, q: &NpyQuery, first: u64, values: &[f32], dim: usize) -> Vec<Answer> {
     let rows: Vec<&[f32]> = values.chunks(dim.max(1)).collect();
     let mut answers = Vec::with_capacity(rows.len());
-    for (b, block) in rows.chunks(MAX_BLOCK).enumerate() {
-        let start = first + (b * MAX_BLOCK) as u64;
+    let per_pass = bank.pass_queries();
+    for (b, block) in rows.chunks(per_pass).enumerate() {
+        let start = first + (b * per_pass) as u64;
         let batched = if block.iter().any(|r| row_problem(r).is_some()) {
             None
         } else {
