@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use deltamem::storage::MemStorage;
 use deltamem::storage::sim::Rng;
-use deltamem::tree::TopK;
+mod common;
+use common::ranges::by_ranges;
 use deltamem::{Attach, Bank, BankConfig, Label, Match, NewNode, NodeRef, Payload, QueryOptions};
 
 trait Draw {
@@ -203,7 +204,7 @@ fn make_nodes(rng: &mut Rng, case: &Case, bank: &Bank, start: usize, n: usize, b
         };
         trees_local.push(tree.clone());
         out.push(NewNode {
-            tree: tree.into(),
+            tree,
             attach,
             label: if rng.below(3) == 0 {
                 Label::Failure
@@ -324,23 +325,6 @@ fn queries(rng: &mut Rng, built: &Built, case: &Case, n: usize) -> Vec<Vec<f32>>
                 _ => vector(rng, case.dim, case.kind, &built.bases),
             }
         })
-        .collect()
-}
-
-fn by_ranges(bank: &Bank, tree: &str, qs: &[Vec<f32>], opts: &QueryOptions, chunk: u32, first: u32) -> Vec<Vec<Match>> {
-    let visible = bank.node_count();
-    let prepared: Vec<_> = qs.iter().map(|q| bank.prepare_query(tree, q, opts).unwrap()).collect();
-    let refs: Vec<_> = prepared.iter().collect();
-    let mut tops: Vec<TopK> = qs.iter().map(|_| TopK::new(opts.k)).collect();
-    let chunks = visible.div_ceil(chunk).max(1);
-    for c in (0..chunks).map(|c| (c + first) % chunks) {
-        let lists = bank.scan_rows(&refs, c * chunk..(c + 1) * chunk, visible).unwrap();
-        for (top, list) in tops.iter_mut().zip(lists) {
-            list.into_iter().for_each(|c| top.push(c));
-        }
-    }
-    tops.into_iter()
-        .map(|t| bank.matches(&t.into_sorted()).unwrap())
         .collect()
 }
 

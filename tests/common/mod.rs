@@ -1,4 +1,5 @@
 pub mod crashkit;
 pub mod fuzz_bodies;
 pub mod llm_server;
+pub mod ranges;
 pub mod snapshot;
