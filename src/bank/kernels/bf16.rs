@@ -119,10 +119,8 @@ impl Rounded {
                 offset_bytes: 0,
                 slots: &[0],
             };
-            let mut one = Rounded::with_capacity(1, dim);
-            round_rows(level, rows, dim, &mut one);
-            out.lines[b * out.lines_per_row..(b + 1) * out.lines_per_row].copy_from_slice(&one.lines);
-            out.norms[b] = one.norms[0];
+            let lines = &mut out.lines[b * out.lines_per_row..(b + 1) * out.lines_per_row];
+            round_into(level, rows, dim, lines, &mut out.norms[b..b + 1]);
         }
         out
     }
@@ -138,19 +136,24 @@ impl Rounded {
 /// Rounds the f32 rows `rows` (`dim` LE f32 each) into `out`, row i into
 /// its lines i, with norms. `out` must have room for every row.
 pub fn round_rows(level: Level, rows: Rows<'_>, dim: usize, out: &mut Rounded) {
-    assert!(runs_at(level), "the bfloat16 pass runs only where runs_at says");
     assert_eq!(
         out.lines_per_row,
         dim.div_ceil(LANES),
         "rounded rows of dimension {dim}"
     );
-    assert!(out.norms.len() >= rows.slots.len(), "room for every row");
+    round_into(level, rows, dim, &mut out.lines, &mut out.norms);
+}
+
+/// `round_rows` into any room: `dim.div_ceil(LANES)` lines and a norm
+/// per row.
+fn round_into(level: Level, rows: Rows<'_>, dim: usize, lines: &mut [Line], norms: &mut [f32]) {
+    assert!(runs_at(level), "the bfloat16 pass runs only where runs_at says");
     rows.check(dim * 4);
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `runs_at` checked the CPU features and `rows.check` the
-    // rows; the x86 function asserts the room in `out` itself.
+    // rows; the x86 function asserts the room in `lines` and `norms`.
     unsafe {
-        super::x86_bf16::round_rows(rows, dim, &mut out.lines, &mut out.norms)
+        super::x86_bf16::round_rows(rows, dim, lines, norms)
     }
 }
 
