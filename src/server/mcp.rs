@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use axum::Router;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, ContentBlock, InitializeResult, ServerCapabilities};
+use rmcp::model::{CallToolResult, ContentBlock, Implementation, InitializeResult, ServerCapabilities};
 use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::tower::{StreamableHttpServerConfig, StreamableHttpService};
@@ -349,7 +349,11 @@ impl<M: Memory> MemoryTools<M> {
 #[tool_handler(router = Self::all_tools())]
 impl<M: Memory> ServerHandler for MemoryTools<M> {
     fn get_info(&self) -> InitializeResult {
-        InitializeResult::new(ServerCapabilities::builder().enable_tools().build()).with_instructions(
+        // Without a name of its own the server introduces itself as
+        // rmcp, with rmcp's version, in every client's server list.
+        InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("deltamem", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
             "Long-term experience memory of an agent (deltamem): query it for past experiences \
              similar to the current situation, store new ones, and count the ones that helped.",
         )

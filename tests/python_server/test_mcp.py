@@ -107,8 +107,16 @@ async def stdio_session(bank, env=None):
     params = StdioServerParameters(command=BIN, args=["mcp", bank], env=env, cwd=ROOT)
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
-            await session.initialize()
+            check_server_info(await session.initialize())
             yield session
+
+
+def check_server_info(init):
+    """The server names itself and its version (rmcp's own name and
+    version were sent before)."""
+    assert init.serverInfo.name == "deltamem", init.serverInfo
+    version = subprocess.run([BIN, "--version"], check=True, capture_output=True, text=True).stdout.split()[-1]
+    assert init.serverInfo.version == version, (init.serverInfo, version)
 
 
 async def call(session, tool, args):
@@ -255,7 +263,7 @@ def test_tools_over_streamable_http():
             async def run():
                 async with streamablehttp_client(base + "/mcp") as (read, write, _):
                     async with ClientSession(read, write) as session:
-                        await session.initialize()
+                        check_server_info(await session.initialize())
                         await exercise(session)
 
             asyncio.run(run())
