@@ -17,6 +17,9 @@
 //!     agent processes), or with `INSERT_DRIVER=loop` all of them share
 //!     one thread's event loop (as one process driving many episodes, or
 //!     wrk): the same requests, less of the two cores spent on clients.
+//!     `INSERT_SYNC=none` runs the inserts on a server that never fsyncs
+//!     (the peer that shows what group commit leaves on the table: the
+//!     insert target is about durable writes and is not judged then).
 //!
 //! Prints throughput and p50/p99 latency and checks the targets.
 //!
@@ -77,14 +80,14 @@ fn build_bank(path: &Path, nodes: usize) {
     bank.close().unwrap();
 }
 
-fn start(path: &Path) -> String {
+fn start(path: &Path, sync: SyncPolicy) -> String {
     let (tx, rx) = mpsc::channel();
     let config = ServeConfig {
         bank: path.to_path_buf(),
         listen: "127.0.0.1:0".parse().unwrap(),
         token: None,
         threads: threads(),
-        sync: SyncPolicy::Always,
+        sync,
         read_only: false,
         checkpoint_wal_bytes: OpenOptions::default().checkpoint_wal_bytes,
         lock_wait: std::time::Duration::ZERO,
@@ -269,7 +272,7 @@ impl InsertRun {
 /// `rounds` times over (1, 8, 32, 1, 8, 32, ...: the rounds see the same
 /// machine load); returns each client count's runs.
 fn insert_phase(empty: &Path, spelling: &str, rounds: usize, counts: &[usize]) -> BTreeMap<usize, Vec<InsertRun>> {
-    let base = start(empty);
+    let base = start(empty, insert_sync());
     let addr = base.strip_prefix("http://").unwrap();
     // Requests are made before the clock starts: the load generator shares
     // the machine with the server and must not spend its time printing
@@ -305,6 +308,15 @@ fn insert_body(c: usize, i: usize, spelling: &str) -> String {
     serde_json::json!({"tree": "task", "attach": "root", "label": "SUCCESS",
         "scenario": format!("c{c} i{i}"), "payload": {}, "embedding": embedding})
     .to_string()
+}
+
+/// The insert server's sync policy: always, or none with
+/// `INSERT_SYNC=none` (the peer without fsyncs).
+fn insert_sync() -> SyncPolicy {
+    match std::env::var("INSERT_SYNC").is_ok_and(|s| s == "none") {
+        true => SyncPolicy::None,
+        false => SyncPolicy::Always,
+    }
 }
 
 /// Whether the insert clients run on one event loop (`INSERT_DRIVER=loop`)
@@ -702,6 +714,10 @@ fn insert_summary(
         return None;
     }
     let ratio = rate(32) / rate(1);
+    if insert_sync() == SyncPolicy::None {
+        println!("inserts without fsync (INSERT_SYNC=none), {spelling}: 32 clients = {ratio:.1}x one client");
+        return None;
+    }
     let verdict = verdict(ratio >= 10.0);
     let driver = match event_loop_driver() {
         true => "one event loop",
@@ -733,7 +749,7 @@ fn main() {
         load_average()
     );
     let mut targets = Vec::new();
-    let base = start(&big);
+    let base = start(&big, SyncPolicy::Always);
     if wants("overhead") {
         let library = library_bank(&big);
         let (lib_ms, http_ms) = overhead_ms(&library, &format!("{base}/v1/trees/task/query"), &queries, &bodies);
