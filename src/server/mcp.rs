@@ -354,9 +354,9 @@ impl<M: Memory> ServerHandler for MemoryTools<M> {
         InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("deltamem", env!("CARGO_PKG_VERSION")))
             .with_instructions(
-            "Long-term experience memory of an agent (deltamem): query it for past experiences \
+                "Long-term experience memory of an agent (deltamem): query it for past experiences \
              similar to the current situation, store new ones, and count the ones that helped.",
-        )
+            )
     }
 }
 
