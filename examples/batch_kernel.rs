@@ -13,9 +13,9 @@
 //!
 //! Prints, per set, the median ms per pass and GFLOP/s per CPU second of
 //! this thread (what a loaded machine still lets one see of the kernel's
-//! speed), the wall figure, and the load average. At the AVX-512 level
-//! also the FMA roofline of this thread (`peak`) and each kernel's share
-//! of it: a kernel near 100% can only get faster by doing fewer FMAs.
+//! speed), the wall figure, and the load average. At the AVX2 and AVX-512
+//! levels also the FMA roofline of this thread (`peak`) and each kernel's
+//! share of it: a kernel near 100% can only get faster by doing fewer FMAs.
 
 use std::time::Instant;
 
