@@ -163,13 +163,8 @@ macro_rules! tiled {
                 out: &mut [f32],
             ) {
                 let nq = queries.len();
-                let mut put = |b: usize, s: &[[f32; $q]], width: usize| {
-                    for (r, row) in s.iter().enumerate() {
-                        out[r * nq + b..r * nq + b + width].copy_from_slice(&row[..width]);
-                    }
-                };
                 let mut b = 0;
-                while b + $q <= nq {
+                while nq - b >= $q {
                     let q = std::array::from_fn(|k| queries[b + k].as_ptr());
                     // SAFETY: every query holds dim components (caller).
                     let s = unsafe {
@@ -181,12 +176,13 @@ macro_rules! tiled {
                             $tile::<R, $q, false>(q, v, ahead, dim)
                         }
                     };
-                    put(b, &s, $q);
+                    put(out, nq, b, &s, $q);
                     b += $q;
                 }
                 // Two left (32 queries: 10 x 3 + 2) share a tile: a load
                 // per FMA, against three loads per two FMAs one at a time.
-                if nq - b == 2 {
+                // (Tiles of one or two queries leave at most one.)
+                if $q > 2 && nq - b == 2 {
                     let q = [queries[b].as_ptr(), queries[b + 1].as_ptr()];
                     // SAFETY: as above. With only two queries this is the
                     // first group, and it prefetches (without, a pass of
@@ -198,11 +194,7 @@ macro_rules! tiled {
                             $tile::<R, 2, false>(q, v, ahead, dim)
                         }
                     };
-                    let mut wide = [[0.0f32; $q]; R];
-                    for r in 0..R {
-                        wide[r][..2].copy_from_slice(&s[r]);
-                    }
-                    put(b, &wide, 2);
+                    put(out, nq, b, &s, 2);
                     b += 2;
                 }
                 while b < nq {
@@ -214,16 +206,21 @@ macro_rules! tiled {
                             $tile::<R, 1, false>([queries[b].as_ptr()], v, ahead, dim)
                         }
                     };
-                    let mut wide = [[0.0f32; $q]; R];
-                    for r in 0..R {
-                        wide[r][0] = s[r][0];
-                    }
-                    put(b, &wide, 1);
+                    put(out, nq, b, &s, 1);
                     b += 1;
                 }
             }
         }
     };
+}
+
+/// Copies the first `width` query columns of a tile's scores into `out`
+/// (row-major, `nq` queries a row) at query `b`.
+#[inline]
+fn put<const R: usize, const W: usize>(out: &mut [f32], nq: usize, b: usize, s: &[[f32; W]; R], width: usize) {
+    for (r, row) in s.iter().enumerate() {
+        out[r * nq + b..r * nq + b + width].copy_from_slice(&row[..width]);
+    }
 }
 
 /// Asks for the cache line holding `p` in L2 (into L1 it would evict the
