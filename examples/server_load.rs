@@ -803,7 +803,7 @@ fn main() {
         // Judged on the load as it runs: each client's first request is
         // left out on both sides. At the start all 32 clients send at the
         // same instant to an idle server (one query's pass, then a
-        // rotation for the other 31): a burst, printed on its own line
+        // rotation for the other 31): a burst, printed in the run's line
         // above and in the ratio with it below, not the sustained load.
         let p99_ratio = runs[2].steady_pct(0.99) / runs[0].steady_pct(0.5);
         let with_first = runs[2].pct(0.99) / runs[0].pct(0.5);

@@ -271,16 +271,17 @@ tiled!(
     _mm512_add_ps,
     _mm512_reduce_add_ps
 );
-// AVX2: 3 rows x 1 query x 4 accumulators = 12 of the 16 registers.
+// AVX2: 3 rows x 1 query x 4 accumulators = 12 registers, with the three
+// row chunks and a query chunk all 16.
 // Three rows, not three queries: a tile loads a query chunk per FMA either
 // way, but with 32 queries (96 KB at dim 768, over Zen 3's 32 KB L1) a
 // 1 x 3 tile pulled every query from L2 again for each row and waited on
 // L2; 3 x 1 pulls them once per three rows while its rows stay in L1.
 // examples/batch_kernel.rs, one Zen 3 thread, 100k x 768, 32 queries:
-// 123.5 -> 97.5 ms a pass (rows from memory), 113.0 -> 82.4 ms (in L2).
-// Tried and slower there: 2 x 1; sweeping the dimension four times with
-// one accumulator per pair (3 x 4: 135.7 / 88.1 ms; 2 x 4, 2 x 6, 4 x 3
-// and 6 x 2 no better).
+// 122-126 -> 97-103 ms a pass (rows from memory), 112-113 -> 82-90 ms
+// (in L2), interleaved. Tried there and no faster from memory: 2 x 1;
+// sweeping the dimension four times with one accumulator per pair (3 x 4:
+// 100.6 / 78.9 ms at best; 2 x 4, 2 x 6, 4 x 3 and 6 x 2 slower).
 tiled!(
     tile_256,
     score_f32_tiled_avx2,
