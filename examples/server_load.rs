@@ -109,9 +109,10 @@ struct Run {
     /// CPU seconds the whole process (server and clients) used.
     cpu_seconds: f64,
     latencies_ms: Vec<f64>,
-    /// Each client's first request (of the query runs; empty for
-    /// inserts), also in `latencies_ms`.
+    /// Of the query runs (empty for inserts), `latencies_ms` split in
+    /// two: each client's first request, and all the others.
     first_ms: Vec<f64>,
+    steady_ms: Vec<f64>,
 }
 
 /// The `p` quantile of `ms` (nearest rank).
@@ -130,13 +131,7 @@ impl Run {
     /// of the load once it runs, without the start, where every client
     /// sends at the same instant to an idle server (`first_ms`).
     fn steady_pct(&self, p: f64) -> f64 {
-        let mut rest = self.latencies_ms.clone();
-        for first in &self.first_ms {
-            if let Some(at) = rest.iter().position(|l| l == first) {
-                rest.swap_remove(at);
-            }
-        }
-        quantile(&rest, p)
+        quantile(&self.steady_ms, p)
     }
     fn rate(&self) -> f64 {
         self.latencies_ms.len() as f64 / self.seconds
@@ -160,6 +155,7 @@ fn drive(url: &str, clients: usize, per_client: usize, body: impl Fn(usize, usiz
         seconds: started.elapsed().as_secs_f64(),
         cpu_seconds: cpu_seconds() - cpu_before,
         first_ms: per_client.iter().filter_map(|l| l.first().copied()).collect(),
+        steady_ms: per_client.iter().flat_map(|l| l.iter().skip(1).copied()).collect(),
         latencies_ms: per_client.concat(),
     }
 }
@@ -436,6 +432,7 @@ fn insert_run(base: &str, addr: &str, clients: usize, requests: &[Vec<Vec<u8>>])
             cpu_seconds: process_cpu_s,
             latencies_ms,
             first_ms: Vec::new(),
+            steady_ms: Vec::new(),
         },
         client_cpu_s,
         server_cpu_s: process_cpu_s - client_cpu_s,
