@@ -19,7 +19,7 @@
 
 use std::time::Instant;
 
-use deltamem::bank::kernels::{self, AlignedQueries, Level, MAX_BLOCK, Rows};
+use deltamem::bank::kernels::{self, AlignedQueries, Level, MAX_BLOCK, Rows, fixed16};
 
 const DIM: usize = 768;
 /// Rows per kernel call, as the scan's prefetch step.
@@ -145,7 +145,11 @@ fn main() {
     for (name, slot_of) in &sets {
         // [batch kernel, the same on shifted queries, the kernel before
         // on shifted queries, single-query kernels]
-        let mut times: [Vec<(f64, f64)>; 4] = Default::default();
+        let mut times: [Vec<(f64, f64)>; 5] = Default::default();
+        let first_pass = fixed16::runs_at(level);
+        let scaled_queries = first_pass.then(|| fixed16::Scaled::queries(level, &refs, DIM));
+        let mut scaled = fixed16::Scaled::with_capacity(STEP_ROWS, DIM);
+        let mut bounds = vec![0.0f32; STEP_ROWS];
         for _ in 0..rounds {
             times[0].push(pass(column, rows, slot_of, nq, |set, out| {
                 kernels::score_f32_batch(level, &refs, DIM, set, out)
@@ -160,6 +164,23 @@ fn main() {
                     // it; the rows lie inside the column (checked above);
                     // every query has DIM components.
                     unsafe { before::score(&shifted, DIM, set, out) }
+                }));
+            }
+            if let Some(scaled_queries) = &scaled_queries {
+                times[4].push(pass(column, rows, slot_of, nq, |set, out| {
+                    fixed16::scale_rows(level, set, DIM, &mut scaled);
+                    let count = set.slots.len();
+                    // The next call's rows, asked for during this one's
+                    // scores, as the scan does.
+                    let next = set
+                        .slots
+                        .last()
+                        .map_or(0, |&s| (s as usize + 1) * DIM * 4)
+                        .min(column.len());
+                    let ahead = &column[next..(next + count * DIM * 4).min(column.len())];
+                    if std::env::var("BK_SCALE_ONLY").is_err() {
+                        fixed16::score(level, scaled_queries, &scaled, count, out, &mut bounds, ahead);
+                    }
                 }));
             }
             times[3].push(pass(column, rows, slot_of, nq, |set, out| {
@@ -191,6 +212,14 @@ fn main() {
             println!("  {}", line(&format!("kernel before, queries +{shift} f32"), &times[2]));
         }
         println!("  {}", line("single-query kernels, aligned", &times[3]));
+        if first_pass {
+            // Not exact: the scan re-scores the pairs its bound cannot
+            // settle, which this pass does not count.
+            println!(
+                "  {}",
+                line("16-bit first pass (scaling + scores, no re-scoring)", &times[4])
+            );
+        }
     }
     println!("load average at the end: {}", load_average());
 }

@@ -1,4 +1,5 @@
-//! Differential fuzz of the bfloat16 first pass (`scan::exact::scan_rows_rounded`):
+//! Differential fuzz of the approximate first pass (bfloat16 on AVX-512
+//! BF16, 16-bit integers on AVX2; `scan::exact::scan_rows_rounded`):
 //! for seeded random f32 banks, `query_batch` (8..=64 queries) and merged
 //! `scan_rows` ranges must equal `query` run per query, bit for bit.
 //!
@@ -8,8 +9,9 @@
 //! fuzz_rounded -- --nocapture` (4,128 cases, ~370,000 comparisons each of
 //! batches and ranges, when it was written: no mismatch).
 //!
-//! On a CPU without AVX-512 BF16 (or with `DELTAMEM_BF16=off`) every pass
-//! is exact and this compares the exact kernels only; the test says which.
+//! On a CPU with neither (or with `DELTAMEM_BF16=off` and
+//! `DELTAMEM_FIXED16=off`) every pass is exact and this compares the exact
+//! kernels only; the test says which.
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -459,8 +461,8 @@ fn run_case(case: &Case, st: &mut Stats, deadline: Instant) {
 #[test]
 fn rounded_batches_and_ranges_equal_single_queries() {
     let level = deltamem::bank::kernels::Level::active();
-    let on = deltamem::bank::kernels::bf16::runs_at(level);
-    println!("bf16 first pass: {}", if on { "ON" } else { "OFF" });
+    let pass = deltamem::bank::kernels::first_pass_name(level);
+    println!("first pass: {}", pass.unwrap_or("OFF"));
     let secs: u64 = std::env::var("FUZZ_SECS")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -449,20 +449,17 @@ fn row_ranges_across_a_checkpoint_and_later_writes_give_the_earlier_answer() {
 
 #[test]
 fn wide_f32_batches_give_the_one_query_answers() {
-    // Eight or more f32 queries may be scored first in bfloat16 and then
-    // re-scored exactly (`kernels::bf16`): near-ties and duplicates sit
+    // Eight or more f32 queries may be scored first in bfloat16 or 16-bit
+    // integers and then re-scored exactly (`kernels::bf16`,
+    // `kernels::fixed16`): near-ties and duplicates sit
     // far inside the rounding error, so any pair the bound wrongly skips
     // shows here. k = 400 with tau -1 re-scores most pairs, so the scan
     // falls back to the exact kernel part of the way.
     let level = deltamem::bank::kernels::Level::active();
-    println!(
-        "bfloat16 first pass {}",
-        if deltamem::bank::kernels::bf16::runs_at(level) {
-            "in use"
-        } else {
-            "not available: this test compares the exact kernels only"
-        }
-    );
+    match deltamem::bank::kernels::first_pass_name(level) {
+        Some(name) => println!("{name} first pass in use"),
+        None => println!("no first pass here: this test compares the exact kernels only"),
+    }
     let cases = [
         (Data::Random, 48, 900),
         (Data::NearTies, 48, 900),

@@ -190,6 +190,15 @@ pub fn score(
     let (c, t) = (factor(dim), tiny(dim));
     let q_norm = queries.max_norm();
     for (bound, &norm) in bounds[..count].iter_mut().zip(&rows.norms) {
-        *bound = c * q_norm * norm + t;
+        // Near f32's largest value the approximate score or the exact
+        // kernel's partial sums (at most |q| |x|) may overflow to an
+        // infinity no finite bound covers: the scan scores such rows exactly.
+        let product = f64::from(q_norm) * f64::from(norm);
+        let overflows = product.is_nan() || product >= f64::from(f32::MAX) / 2.0;
+        *bound = if overflows {
+            f32::INFINITY
+        } else {
+            c * q_norm * norm + t
+        };
     }
 }

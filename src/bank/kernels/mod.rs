@@ -12,11 +12,13 @@
 //! arithmetic). Levels differ from each other only by float rounding; the
 //! int8 kernels are exact integer arithmetic, identical everywhere.
 //!
-//! `bf16` is not a storage form: it rounds f32 rows and queries to
-//! bfloat16 for an approximate first pass of wide f32 batches, with a
-//! bound on its error, so the scan scores exactly only what could matter.
+//! `bf16` and `fixed16` are not storage forms: they round f32 rows and
+//! queries to bfloat16 (AVX-512 BF16) or scale them to 16-bit integers
+//! (AVX2) for an approximate first pass of wide f32 batches, with a bound
+//! on its error, so the scan scores exactly only what could matter.
 
 pub mod bf16;
+pub mod fixed16;
 mod portable;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
@@ -24,9 +26,23 @@ mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_bf16;
 #[cfg(target_arch = "x86_64")]
+mod x86_fixed16;
+#[cfg(target_arch = "x86_64")]
 mod x86_tiled;
 
 use std::sync::OnceLock;
+
+/// The approximate first pass a wide f32 pass at `level` uses on this
+/// CPU, if any: "bfloat16" (`bf16`) or "16-bit integer" (`fixed16`).
+pub fn first_pass_name(level: Level) -> Option<&'static str> {
+    if bf16::runs_at(level) {
+        Some("bfloat16")
+    } else if fixed16::runs_at(level) {
+        Some("16-bit integer")
+    } else {
+        None
+    }
+}
 
 /// The most queries one pass over the column scores together. Eight f32
 /// queries of dim 768 take 24 KB, inside L1, and their FMAs still cost

@@ -2,9 +2,9 @@
 //! from the length; batched against single; f16 against f32 of the same
 //! values; int8 exactly.
 
-use super::bf16;
 use super::quant::{QueryInt8, decode_f16, encode_f16, encode_int8_row, gamma, round_to_f16};
 use super::*;
+use super::{bf16, fixed16};
 
 use crate::storage::sim::Rng;
 
@@ -576,23 +576,24 @@ fn f16_slice_conversions_round_like_the_scalar_one() {
     }
 }
 
-#[test]
-fn bf16_bound_covers_every_row_and_query() {
-    let level = Level::Avx512;
-    if !bf16::runs_at(level) {
-        println!("skipped: this CPU has no AVX-512 BF16 (or DELTAMEM_BF16=off)");
-        return;
-    }
-    let mut rng = Rng(23);
+/// Scores `rows` against `queries` with a first pass: the approximate
+/// scores (row-major) and a bound per row.
+type FirstPass<'a> = &'a dyn Fn(&[&[f32]], Rows<'_>, usize) -> (Vec<f32>, Vec<f32>);
+
+/// Checks a first pass's bound against the exact kernel of every level on
+/// adversarial rows and queries, unit and scaled; returns the largest
+/// |approx - exact| / bound seen.
+fn first_pass_bound_holds(seed: u64, pass: FirstPass<'_>) -> f64 {
+    let mut rng = Rng(seed);
     let mut worst_ratio = 0.0f64;
     for n in [1, 3, 17, 31, 32, 33, 64, 100, 768, 1031, 4096] {
         for family in 0..4 {
             let mut queries: Vec<Vec<f32>> = (0..9).map(|f| adversarial(&mut rng, n, (family + f) % 4)).collect();
             let mut rows: Vec<Vec<f32>> = (0..7).map(|f| adversarial(&mut rng, n, (family + f) % 4)).collect();
             // Not unit length: components whose squares underflow (1e-22,
-            // 1e-25, 1e-30), down among the subnormals (which the
-            // instructions flush to zero), and a large norm; queries too.
-            for (from, scale) in [(0, 1e-22f32), (1, 1e-25), (2, 1e-30), (3, 1e-37), (4, 1e18)] {
+            // 1e-25, 1e-30), down among the subnormals, and a large norm;
+            // queries too; and a row of zeros.
+            for (from, scale) in [(0, 1e-22f32), (1, 1e-25), (2, 1e-30), (3, 1e-37), (4, 1e18), (5, 0.0)] {
                 rows.push(rows[from].iter().map(|x| x * scale).collect());
             }
             queries[7].iter_mut().for_each(|x| *x *= 1e-24);
@@ -606,20 +607,7 @@ fn bf16_bound_covers_every_row_and_query() {
                 slots: &slots,
             };
             let query_refs: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
-            let rounded_queries = bf16::Rounded::queries(level, &query_refs, n);
-            let mut rounded = bf16::Rounded::with_capacity(rows.len(), n);
-            bf16::round_rows(level, set, n, &mut rounded);
-            let mut approx = vec![0.0f32; rows.len() * queries.len()];
-            let mut bounds = vec![0.0f32; rows.len()];
-            bf16::score(
-                level,
-                &rounded_queries,
-                &rounded,
-                rows.len(),
-                &mut approx,
-                &mut bounds,
-                &[],
-            );
+            let (approx, bounds) = pass(&query_refs, set, n);
             for exact_level in Level::all_supported() {
                 for (b, q) in queries.iter().enumerate() {
                     let mut exact = vec![0.0f32; rows.len()];
@@ -640,6 +628,26 @@ fn bf16_bound_covers_every_row_and_query() {
             }
         }
     }
+    worst_ratio
+}
+
+#[test]
+fn bf16_bound_covers_every_row_and_query() {
+    let level = Level::Avx512;
+    if !bf16::runs_at(level) {
+        println!("skipped: this CPU has no AVX-512 BF16 (or DELTAMEM_BF16=off)");
+        return;
+    }
+    let worst_ratio = first_pass_bound_holds(23, &|queries, set, n| {
+        let rounded_queries = bf16::Rounded::queries(level, queries, n);
+        let count = set.slots.len();
+        let mut rounded = bf16::Rounded::with_capacity(count, n);
+        bf16::round_rows(level, set, n, &mut rounded);
+        let mut approx = vec![0.0f32; count * queries.len()];
+        let mut bounds = vec![0.0f32; count];
+        bf16::score(level, &rounded_queries, &rounded, count, &mut approx, &mut bounds, &[]);
+        (approx, bounds)
+    });
     // A bound no error comes near would make the scan re-score rows it
     // need not (0.41 is seen: the bound's quarter of slack, and errors
     // short of the worst case).
@@ -648,4 +656,90 @@ fn bf16_bound_covers_every_row_and_query() {
         worst_ratio > 0.2,
         "the bound is far looser than the errors: {worst_ratio}"
     );
+}
+
+/// The 16-bit pass of the rows against the queries.
+fn fixed16_pass(level: Level, queries: &[&[f32]], set: Rows<'_>, n: usize) -> (Vec<f32>, Vec<f32>) {
+    let scaled_queries = fixed16::Scaled::queries(level, queries, n);
+    let count = set.slots.len();
+    let mut scaled = fixed16::Scaled::with_capacity(count, n);
+    fixed16::scale_rows(level, set, n, &mut scaled);
+    let mut approx = vec![0.0f32; count * queries.len()];
+    let mut bounds = vec![0.0f32; count];
+    fixed16::score(level, &scaled_queries, &scaled, count, &mut approx, &mut bounds, &[]);
+    (approx, bounds)
+}
+
+#[test]
+fn fixed16_bound_covers_every_row_and_query() {
+    let level = Level::Avx2;
+    if !fixed16::runs_at(level) {
+        println!("skipped: this CPU has no AVX2 (or DELTAMEM_FIXED16=off)");
+        return;
+    }
+    let worst_ratio = first_pass_bound_holds(29, &|queries, set, n| fixed16_pass(level, queries, set, n));
+    // A bound no error comes near would make the scan re-score rows it
+    // need not (0.82 is seen: a row of one large component, the others
+    // rounding to zero, against a query scaled by 1e10).
+    println!("largest |approx - exact| / bound seen: {worst_ratio:.3}");
+    assert!(
+        worst_ratio > 0.2,
+        "the bound is far looser than the errors: {worst_ratio}"
+    );
+}
+
+#[test]
+fn fixed16_bound_is_infinite_for_what_it_cannot_scale() {
+    let level = Level::Avx2;
+    if !fixed16::runs_at(level) {
+        println!("skipped: this CPU has no AVX2 (or DELTAMEM_FIXED16=off)");
+        return;
+    }
+    let n = 40;
+    let unit = vec![0.15f32; n];
+    let mut rows = vec![unit.clone(); 5];
+    rows[1][7] = f32::NAN;
+    rows.push(vec![0.0; n]); // a NaN among zeros: the largest magnitude misses it
+    rows[5][0] = f32::NAN;
+    rows[2][39] = f32::INFINITY;
+    rows[3].iter_mut().for_each(|x| *x = 1e-41); // K / max overflows
+    rows[4].iter_mut().for_each(|x| *x = 3e38); // the 1-norm overflows
+    let bytes = column(&rows, f32_bytes, 4 * n);
+    let slots: Vec<u32> = (0..rows.len() as u32).collect();
+    let set = Rows {
+        bytes: &bytes,
+        stride_bytes: 4 * n,
+        offset_bytes: 3,
+        slots: &slots,
+    };
+    let (_, bounds) = fixed16_pass(level, &[&unit], set, n);
+    assert!(bounds[0].is_finite() && bounds[0] > 0.0, "a plain row: {}", bounds[0]);
+    for (i, bound) in bounds.iter().enumerate().skip(1) {
+        assert_eq!(*bound, f32::INFINITY, "row {i}");
+    }
+    // Scores beyond f32: an approximate score of -inf against an exact
+    // -3.35e38 (found by a review's search) needs an infinite bound.
+    let (row, query) = ([1.440_527_9e-24f32, 3.353_968_6e11], [6.441_63e29f32, -1.000_000_06e27]);
+    let huge_bytes = column(&[row.to_vec()], f32_bytes, 8);
+    let huge = Rows {
+        bytes: &huge_bytes,
+        stride_bytes: 8,
+        offset_bytes: 3,
+        slots: &[0],
+    };
+    let (approx, bounds) = fixed16_pass(level, &[&query], huge, 2);
+    let mut exact = [0.0f32];
+    score_f32(level, &[&query], 2, huge, &mut exact);
+    assert!(
+        (approx[0] - exact[0]).abs() <= bounds[0] || bounds[0] == f32::INFINITY,
+        "{} vs {} within {}",
+        approx[0],
+        exact[0],
+        bounds[0]
+    );
+    // A query that cannot be scaled makes every row's bound infinite.
+    let mut bad = unit.clone();
+    bad[3] = f32::NAN;
+    let (_, bounds) = fixed16_pass(level, &[&unit, &bad], set, n);
+    assert!(bounds.iter().all(|b| *b == f32::INFINITY), "{bounds:?}");
 }
