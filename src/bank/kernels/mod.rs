@@ -24,6 +24,8 @@ pub mod quant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
+mod x86_ahead;
+#[cfg(target_arch = "x86_64")]
 mod x86_bf16;
 #[cfg(target_arch = "x86_64")]
 mod x86_fixed16;

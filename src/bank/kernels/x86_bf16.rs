@@ -9,6 +9,7 @@ use std::arch::x86_64::*;
 
 use super::Rows;
 use super::bf16::{LANES, Line};
+use super::x86_ahead::Ahead;
 
 const TILE_ROWS: usize = 2;
 const TILE_QUERIES: usize = 8;
@@ -119,34 +120,6 @@ unsafe fn tile<const R: usize, const Q: usize>(
     out
 }
 
-/// Cache lines to ask for while a tile is scored: `per_line` of them
-/// from `start` for each line the tile's loop takes.
-#[derive(Clone, Copy)]
-struct Ahead {
-    start: *const u8,
-    per_line: usize,
-    /// Lines in all, from `start`.
-    count: usize,
-}
-
-impl Ahead {
-    const NONE: Ahead = Ahead {
-        start: std::ptr::null(),
-        per_line: 0,
-        count: 0,
-    };
-
-    #[inline]
-    #[target_feature(enable = "sse")]
-    fn fetch(self, l: usize) {
-        for k in l * self.per_line..((l + 1) * self.per_line).min(self.count) {
-            // A prefetch reads nothing architecturally and never faults:
-            // any address will do.
-            _mm_prefetch::<_MM_HINT_T1>(self.start.wrapping_add(k * 64).cast());
-        }
-    }
-}
-
 /// Scores the first `count` rounded rows against the `nq` rounded
 /// queries. Meanwhile it asks for the cache lines of `ahead` (the rows the
 /// next call will round), spread over the first query group of each row
@@ -169,16 +142,9 @@ pub(super) unsafe fn score(
     assert!(queries.len() >= nq * lines && rows.len() >= count * lines && out.len() >= count * nq);
     let row = |i: usize| rows[i * lines..].as_ptr();
     let tiles = count.div_ceil(TILE_ROWS).max(1);
-    let ahead_lines = ahead.len().div_ceil(64);
-    let per_tile = ahead_lines.div_ceil(tiles);
     let mut i = 0;
     while i < count {
-        let first = (i / TILE_ROWS * per_tile).min(ahead_lines);
-        let share = Ahead {
-            start: ahead.as_ptr().wrapping_add(first * 64),
-            per_line: per_tile.div_ceil(lines.max(1)),
-            count: per_tile.min(ahead_lines - first),
-        };
+        let share = Ahead::whole(ahead).share(i / TILE_ROWS, tiles, lines);
         if i + TILE_ROWS <= count {
             let v = std::array::from_fn(|r| row(i + r));
             // SAFETY: rows i..i+R and every query hold `lines` lines.

@@ -8,6 +8,7 @@ use std::arch::x86_64::*;
 
 use super::Rows;
 use super::fixed16::{LANES, Line};
+use super::x86_ahead::Ahead;
 
 const TILE_ROWS: usize = 4;
 const TILE_QUERIES: usize = 2;
@@ -179,28 +180,6 @@ unsafe fn tile<const R: usize, const Q: usize>(
     out
 }
 
-/// Cache lines to ask for while a tile is scored: `per_line` of them
-/// from `start` for each line the tile's loop takes.
-#[derive(Clone, Copy)]
-struct Ahead {
-    start: *const u8,
-    per_line: usize,
-    /// Lines in all, from `start`.
-    count: usize,
-}
-
-impl Ahead {
-    #[inline]
-    #[target_feature(enable = "sse")]
-    fn fetch(self, l: usize) {
-        for k in l * self.per_line..((l + 1) * self.per_line).min(self.count) {
-            // A prefetch reads nothing architecturally and never faults:
-            // any address will do.
-            _mm_prefetch::<_MM_HINT_T1>(self.start.wrapping_add(k * 64).cast());
-        }
-    }
-}
-
 /// Scores the first `count` scaled rows against the `nq` scaled queries,
 /// handing each integer sum to `put(row, query, sum)`. Meanwhile it asks
 /// for the cache lines of `ahead` (the rows the next call will scale),
@@ -222,16 +201,9 @@ pub(super) unsafe fn score(
     assert!(queries.len() >= nq * lines && rows.len() >= count * lines);
     let row = |i: usize| rows[i * lines..].as_ptr();
     let tiles = count.div_ceil(TILE_ROWS).max(1);
-    let ahead_lines = ahead.len().div_ceil(64);
-    let per_tile = ahead_lines.div_ceil(tiles);
     let mut i = 0;
     while i < count {
-        let first = (i / TILE_ROWS * per_tile).min(ahead_lines);
-        let share = Ahead {
-            start: ahead.as_ptr().wrapping_add(first * 64),
-            per_line: per_tile.div_ceil(lines.max(1)),
-            count: per_tile.min(ahead_lines - first),
-        };
+        let share = Ahead::whole(ahead).share(i / TILE_ROWS, tiles, lines);
         let mut put_at = |r: usize, b: usize, sum: i32| put(i + r, b, sum);
         if i + TILE_ROWS <= count {
             let v = std::array::from_fn(|r| row(i + r));
@@ -264,15 +236,10 @@ unsafe fn row_tile<const R: usize>(
     // The tile's share of `ahead`, spread again over its query groups: all
     // of it in the first group would ask for more lines at once than the
     // memory system keeps in flight, and most requests would be dropped.
-    let per_group = ahead.count.div_ceil(nq.div_ceil(TILE_QUERIES));
+    let groups = nq.div_ceil(TILE_QUERIES);
     let mut b = 0;
     while b < nq {
-        let first = (b / TILE_QUERIES * per_group).min(ahead.count);
-        let ahead = Ahead {
-            start: ahead.start.wrapping_add(first * 64),
-            per_line: per_group.div_ceil(lines.max(1)),
-            count: per_group.min(ahead.count - first),
-        };
+        let ahead = ahead.share(b / TILE_QUERIES, groups, lines);
         if nq - b >= TILE_QUERIES {
             // SAFETY: queries b.. hold `lines` lines (the caller).
             let sums = unsafe { tile::<R, TILE_QUERIES>(std::array::from_fn(|k| query(b + k)), v, lines, ahead) };
