@@ -108,7 +108,8 @@ fn score_exact(
 /// Queries in one pass from which an f32 bank (on a CPU with a first
 /// pass) scores them first approximately: below it, rounding or scaling
 /// each row costs more than the halved dot products save (on AVX2 the two
-/// are about even at 8 queries, and the first pass 1.7-1.8x faster at 32).
+/// were about even at 8 queries, and the first pass 1.3-1.8x faster at 32
+/// on one thread, 1.2-1.3x on two, which share the memory's bandwidth).
 const ROUNDED_MIN_QUERIES: usize = 8;
 
 /// Of the rounded chunk's (row, query) pairs, the share above which the
