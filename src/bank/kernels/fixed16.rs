@@ -77,12 +77,14 @@ fn unit_error(k: f32) -> f64 {
 
 /// Rows (or queries) scaled to 16-bit lines, `lines_per_row` lines each,
 /// zero padded, with what the bound needs of each: the scale s (0 where
-/// the row is not finite or too small to scale), the largest magnitude
-/// and the 1-norm (summed in f32).
+/// the row is not finite or too small to scale) and its reciprocal (0
+/// there; taken once per row, not once per scored pair), the largest
+/// magnitude and the 1-norm (summed in f32).
 #[derive(Debug, Clone, Default)]
 pub struct Scaled {
     pub lines: Vec<Line>,
     pub scales: Vec<f32>,
+    pub inverses: Vec<f64>,
     pub max_abs: Vec<f32>,
     pub l1: Vec<f32>,
     pub lines_per_row: usize,
@@ -95,6 +97,7 @@ impl Scaled {
         Scaled {
             lines: vec![Line::default(); rows * lines_per_row],
             scales: vec![0.0; rows],
+            inverses: vec![0.0; rows],
             max_abs: vec![0.0; rows],
             l1: vec![0.0; rows],
             lines_per_row,
@@ -160,6 +163,9 @@ fn scale_into(level: Level, rows: Rows<'_>, dim: usize, out: &mut Scaled, first:
             &mut out.scales[first..],
         )
     }
+    for (inverse, &s) in out.inverses[first..first + count].iter_mut().zip(&out.scales[first..]) {
+        *inverse = if s > 0.0 { 1.0 / f64::from(s) } else { 0.0 };
+    }
 }
 
 /// Approximate scores of the first `count` scaled rows against every
@@ -185,8 +191,6 @@ pub fn score(
     );
     assert!(rows.scales.len() >= count && bounds.len() >= count, "a bound per row");
     assert!(out.len() >= count * nq, "a score per row and query");
-    let inverse = |s: f32| if s > 0.0 { 1.0 / f64::from(s) } else { 0.0 };
-    let query_inverse: Vec<f64> = queries.scales.iter().map(|&s| inverse(s)).collect();
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `runs_at` checked the CPU features; the x86 function
     // asserts that the queries and rows hold what it reads (the closure's
@@ -200,7 +204,7 @@ pub fn score(
             rows.lines_per_row,
             ahead,
             |i, b, sum| {
-                out[i * nq + b] = (f64::from(sum) * inverse(rows.scales[i]) * query_inverse[b]) as f32;
+                out[i * nq + b] = (f64::from(sum) * rows.inverses[i] * queries.inverses[b]) as f32;
             },
         )
     }
