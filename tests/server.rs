@@ -208,6 +208,10 @@ fn the_openapi_document_states_the_banks_bounds() {
         .to_string()
         .replacen("0.0", "3.5e38", 1);
     server.fails("POST", "/v1/trees/env/query", Some(&huge), 400);
+    // A node index is a u32: the document says so, and one past it is refused.
+    assert_eq!(schemas["NodeRefJson"]["anyOf"][0]["maximum"], u64::from(u32::MAX));
+    let past = json!({"ids": [u64::from(u32::MAX) + 1]}).to_string();
+    server.fails("POST", "/v1/retrievals", Some(&past), 400);
     assert_eq!(server.terminate(), 0);
 }
 

@@ -315,4 +315,21 @@ fn openapi_describes_record_and_retrieve() {
     }
     assert_eq!(episode["additionalProperties"], false);
     assert!(doc["paths"]["/v1/retrieve"]["post"]["requestBody"].is_object());
+    // What the server refuses, the document excludes: blank texts, other
+    // profiles, step counts past u32.
+    for field in ["task_text", "env_text", "trajectory"] {
+        assert_eq!(episode["properties"][field]["pattern"], "\\S", "{field}");
+    }
+    assert_eq!(episode["properties"]["max_steps"]["maximum"], u64::from(u32::MAX));
+    let profile = &record["parameters"][0];
+    assert_eq!(profile["name"], "profile");
+    let names = profile["schema"]["enum"].as_array().unwrap();
+    assert!(names.contains(&json!("alfworld")) && names.len() == 4, "{profile}");
+    let retrieve = &doc["components"]["schemas"]["RetrieveRequest"]["properties"];
+    assert_eq!(retrieve["task"]["pattern"], "\\S");
+    assert!(retrieve["profile"]["enum"].as_array().unwrap().contains(&json!(null)));
+    let episode = json!({"task_text": "t", "env_text": "e", "trajectory": "x", "success": true});
+    server.fails("POST", "/v1/record?profile=nosuch", Some(&episode.to_string()), 400);
+    let blank = json!({"task": " ", "env": "e"}).to_string();
+    server.fails("POST", "/v1/retrieve", Some(&blank), 400);
 }

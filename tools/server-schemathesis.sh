@@ -9,6 +9,7 @@
 # (tests/python_server/chat_stub.py), so those endpoints are fuzzed too.
 # Without the assets they could only answer 503, so they are left out
 # (said on stderr), unless DELTAMEM_REQUIRE_ASSETS is set: then it fails.
+# SCHEMATHESIS_EXTRA adds options, e.g. "--report har" to see each answer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
@@ -63,4 +64,4 @@ for i in 0 1 2; do
 done
 .venv/bin/schemathesis run "$base/openapi.json" "${exclude[@]}" \
     --checks not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance \
-    --max-examples "${SCHEMATHESIS_EXAMPLES:-30}" --workers 1
+    --max-examples "${SCHEMATHESIS_EXAMPLES:-30}" --workers 1 ${SCHEMATHESIS_EXTRA:-}

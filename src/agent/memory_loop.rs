@@ -179,8 +179,12 @@ pub struct Episode {
     /// Caller's id, kept in provenance.
     #[serde(default)]
     pub id: Option<String>,
+    /// Not blank (`check_episode`), nor are the two below.
+    #[cfg_attr(feature = "schema", schemars(regex(pattern = r"\S")))]
     pub task_text: String,
+    #[cfg_attr(feature = "schema", schemars(regex(pattern = r"\S")))]
     pub env_text: String,
+    #[cfg_attr(feature = "schema", schemars(regex(pattern = r"\S")))]
     pub trajectory: String,
     pub success: bool,
     #[serde(default)]

@@ -40,8 +40,10 @@ use crate::bank::{Bank, BankError, Change, ChangeAck, NodeRef};
 #[serde(deny_unknown_fields)]
 pub struct RetrieveRequest {
     /// The task the agent is about to attempt (searched in the task tree).
+    #[schemars(regex(pattern = r"\S"))]
     pub task: String,
     /// The environment it starts in (searched in the env tree).
+    #[schemars(regex(pattern = r"\S"))]
     pub env: String,
     /// Wording of the rendered memory: alfworld, scienceworld (default),
     /// webshop or generic.

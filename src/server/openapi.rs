@@ -36,6 +36,8 @@ fn json_content(schema: impl serde::Serialize) -> Value {
 }
 
 const TREE: (&str, &str, &str) = ("tree", "path", "string");
+/// `?profile=` of `/v1/record`: one of the built-in profiles.
+const PROFILE: (&str, &str, &str) = ("profile", "query", "string");
 const ID: (&str, &str, &str) = ("id", "path", "string");
 
 fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
@@ -172,10 +174,38 @@ fn agent_operations(g: &mut SchemaGenerator) -> Vec<Op> {
         "Learn from a finished episode through the LLM (as `deltamem record --json`); answered once durable",
     );
     record.request = Some(json_content(g.subschema_for::<Episode>()));
-    record.params = &[("profile", "query", "string")];
+    record.params = &[PROFILE];
     record.calls_llm = true;
     vec![retrieve, record]
 }
+
+/// The names `?profile=` and a retrieval's `profile` take.
+#[cfg(feature = "agent")]
+fn profile_names() -> Vec<&'static str> {
+    crate::agent::DomainProfile::BUILT_IN.to_vec()
+}
+
+#[cfg(not(feature = "agent"))]
+fn profile_names() -> Vec<&'static str> {
+    Vec::new()
+}
+
+/// A retrieval's profile is one of the built-in names (or null, for the
+/// default): the server refuses any other with a 400.
+#[cfg(feature = "agent")]
+fn constrain_agent_schemas(schemas: &mut Map<String, Value>) {
+    let profile = schemas
+        .get_mut("RetrieveRequest")
+        .and_then(|s| s.pointer_mut("/properties/profile"))
+        .expect("the document has RetrieveRequest.profile");
+    let mut names = json!(profile_names());
+    // OpenAPI 3.0.3: a nullable property's enum must list null to allow it.
+    names.as_array_mut().expect("an array").push(Value::Null);
+    profile["enum"] = names;
+}
+
+#[cfg(not(feature = "agent"))]
+fn constrain_agent_schemas(_: &mut Map<String, Value>) {}
 
 /// Statuses every operation may answer with an error body.
 const ERROR_STATUSES: [&str; 8] = ["400", "401", "404", "405", "408", "409", "413", "503"];
@@ -221,6 +251,9 @@ pub fn document(bounds: &Bounds) -> Value {
                 if (name, place, kind) == TREE {
                     param["schema"]["enum"] = json!(bounds.trees);
                 }
+                if (name, place, kind) == PROFILE {
+                    param["schema"]["enum"] = json!(profile_names());
+                }
                 param
             })
             .collect();
@@ -232,6 +265,11 @@ pub fn document(bounds: &Bounds) -> Value {
     }
     let mut schemas: Map<String, Value> = g.take_definitions(true).into_iter().collect();
     constrain_schemas(&mut schemas, bounds);
+    constrain_agent_schemas(&mut schemas);
+    let mut paths = Value::Object(paths);
+    bound_unsigned(&mut paths);
+    let mut schemas = Value::Object(schemas);
+    bound_unsigned(&mut schemas);
     json!({
         "openapi": "3.0.3",
         "info": {"title": "deltamem serve", "version": env!("CARGO_PKG_VERSION"),
@@ -274,7 +312,7 @@ fn constrain_schemas(schemas: &mut Map<String, Value>, bounds: &Bounds) {
         let mut array = json!({"type": "array", "items": {"type": "number", "format": "float"}});
         exact_dim(&mut array);
         let base64_chars = 4 * (4 * u64::from(bounds.dim)).div_ceil(3);
-        let base64 = json!({"type": "string", "pattern": "^[A-Za-z0-9+/]*={0,2}$",
+        let base64 = json!({"type": "string", "pattern": canonical_base64(4 * u64::from(bounds.dim)),
                             "minLength": base64_chars, "maxLength": base64_chars});
         let description = p.get("description").cloned();
         *p = json!({"anyOf": [array, base64]});
@@ -297,6 +335,47 @@ fn constrain_schemas(schemas: &mut Map<String, Value>, bounds: &Bounds) {
     });
     set("InsertBatchRequest", "nodes", &batch);
     set("RetrievalsRequest", "ids", &batch);
+}
+
+/// Gives every unsigned integer its type's largest value as `maximum`:
+/// schemars states only the minimum (0), and a larger number (or one
+/// spelled as a float beyond the range) is refused by the parser, so a
+/// client generating from the schema must be told where the range ends.
+fn bound_unsigned(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            let largest = match map.get("format").and_then(Value::as_str) {
+                Some("uint8") => Some(u64::from(u8::MAX)),
+                Some("uint16") => Some(u64::from(u16::MAX)),
+                Some("uint32") => Some(u64::from(u32::MAX)),
+                Some("uint64" | "uint") => Some(u64::MAX),
+                _ => None,
+            };
+            if let Some(largest) = largest.filter(|_| !map.contains_key("maximum")) {
+                map.insert("maximum".into(), json!(largest));
+            }
+            map.values_mut().for_each(bound_unsigned);
+        }
+        Value::Array(items) => items.iter_mut().for_each(bound_unsigned),
+        _ => {}
+    }
+}
+
+/// The regular expression of the one base64 spelling the server decodes
+/// for `bytes` bytes: padded, and the last character before the padding
+/// carries no stray bits (the decoder refuses such a string, so the
+/// document must not allow it: a client or a fuzzer generating from the
+/// schema would be refused for a string the schema calls valid).
+fn canonical_base64(bytes: u64) -> String {
+    const ANY: &str = "[A-Za-z0-9+/]";
+    let whole = 4 * (bytes / 3);
+    match bytes % 3 {
+        // One byte left: 6 + 2 bits, the second character's low 4 zero.
+        1 => format!("^{ANY}{{{whole}}}{ANY}[AQgw]==$"),
+        // Two bytes left: 6 + 6 + 4 bits, the third character's low 2 zero.
+        2 => format!("^{ANY}{{{whole}}}{ANY}{{2}}[AEIMQUYcgkosw048]=$"),
+        _ => format!("^{ANY}{{{whole}}}$"),
+    }
 }
 
 fn with_description(mut v: Value, description: &str) -> Value {

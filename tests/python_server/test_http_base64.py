@@ -66,3 +66,46 @@ def test_numpy_vectors_travel_as_base64():
         finally:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0
+
+
+def flip_stray_bits(text):
+    """The same bytes with one of the last character's unused bits set: a
+    decoder that ignored stray bits would take it, the server refuses it."""
+    data = text.rstrip("=")
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    last = alphabet[alphabet.index(data[-1]) | 1]
+    return data[:-1] + last + "=" * (len(text) - len(data))
+
+
+def test_the_documented_base64_pattern_is_what_the_server_decodes():
+    """For each length left over after whole 3-byte groups (dims 3, 4, 5 are
+    12, 16, 20 bytes), the pattern in /openapi.json matches numpy's
+    base64 and not the same bytes with stray bits, and the server agrees:
+    the first is stored, the second refused naming the field."""
+    import re
+
+    rng = np.random.default_rng(11)
+    for dim in (3, 4, 5):
+        with tempfile.TemporaryDirectory() as root:
+            proc, base = start_server(init_bank(root, dim))
+            try:
+                schema = get(base, "/openapi.json")["components"]["schemas"]["InsertRequest"]
+                spelling = schema["properties"]["embedding"]["anyOf"][1]
+                pattern = re.compile(spelling["pattern"])
+                for i in range(20):
+                    good = b64(rng.standard_normal(dim).astype(np.float32))
+                    bad = flip_stray_bits(good)
+                    assert len(good) == spelling["maxLength"] == spelling["minLength"], (dim, good)
+                    assert pattern.search(good), (dim, good, spelling["pattern"])
+                    insert(base, f"good {dim} {i}", good)
+                    if dim % 3 == 0:
+                        continue  # no padding: the last character's bits are all data
+                    assert bad != good and not pattern.search(bad), (dim, bad)
+                    try:
+                        insert(base, f"bad {dim} {i}", bad)
+                        raise AssertionError(f"stray bits accepted at dim {dim}: {bad}")
+                    except urllib.error.HTTPError as e:
+                        assert e.code == 400 and json.load(e)["field"] == "embedding", e
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(timeout=60) == 0
