@@ -607,6 +607,64 @@ fn a_stalled_request_head_is_closed_and_cannot_hold_shutdown() {
     drop(holding);
 }
 
+/// A POST to /mcp that is not JSON, is a batch or nests too deep gets a
+/// 400 whose body is a JSON-RPC error with the request's id as sent (null
+/// when there is none to tell); rmcp answered 415 in plain text. One over
+/// the body limit is a 413 before rmcp reads it. A good message still
+/// reaches rmcp.
+#[test]
+fn a_malformed_mcp_message_gets_a_json_rpc_error() {
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &["--max-body-bytes", "4096"]);
+    let address = server.address();
+    let post = |body: &str| {
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        let answer = raw_exchange(&address, &head, body.as_bytes());
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        (head.lines().next().unwrap().to_string(), body.to_string())
+    };
+    let deep = format!(
+        r#"{{"jsonrpc":"2.0","id":"d","params":{}1{}}}"#,
+        "[".repeat(40),
+        "]".repeat(40)
+    );
+    for (body, code, id, said) in [
+        (r#"{"jsonrpc":"2.0","id":7,"method""#, -32700, "7", "not JSON"),
+        (
+            r#"{"jsonrpc":"2.0","id":1.5e3,"method":"ping""#,
+            -32700,
+            "1.5e3",
+            "not JSON",
+        ),
+        ("garbage", -32700, "null", "not JSON"),
+        (r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#, -32600, "null", "batch"),
+        (deep.as_str(), -32600, r#""d""#, "deeper than"),
+    ] {
+        let (status, answer) = post(body);
+        assert!(status.contains(" 400 "), "{body}: {status} {answer}");
+        assert!(answer.contains(&format!(r#""id":{id},"#)), "{body}: {answer}");
+        let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(answer["error"]["code"], code, "{body}: {answer}");
+        assert!(answer["error"]["message"].as_str().unwrap().contains(said), "{answer}");
+    }
+    let (status, _) = post(&format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"ping","params":{{"x":"{}"}}}}"#,
+        "x".repeat(5000)
+    ));
+    assert!(status.contains(" 413 "), "{status}");
+    let initialize = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    let (status, answer) = post(initialize);
+    assert!(
+        status.contains(" 200 ") && answer.contains("deltamem"),
+        "{status} {answer}"
+    );
+    assert_eq!(server.terminate(), 0);
+}
+
 /// A path no route serves and a method a route does not take are JSON
 /// errors like the rest (they were empty bodies).
 #[test]

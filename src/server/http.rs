@@ -85,6 +85,7 @@ fn time_limit(request_ms: u64) -> ApiError {
 /// The whole router: the JSON API, the MCP endpoint and the explorer.
 pub fn router(state: AppState, mcp: Router<AppState>) -> Router {
     let body_limit = state.limits.body_bytes;
+    let mcp = mcp.layer(middleware::from_fn_with_state(state.clone(), mcp_message));
     super::routes::api()
         .merge(mcp)
         .fallback(no_route)
@@ -117,6 +118,41 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
     let route = matched.as_ref().map_or(unmatched, MatchedPath::as_str);
     state.core.metrics().request(route, response.status().as_u16(), seconds);
     response
+}
+
+/// A POST to `/mcp` is read here (within the body's size and time
+/// limits) and checked as `deltamem mcp` checks a line: rmcp would answer
+/// a body that is not JSON, or is a batch, with a 415 and plain text (and
+/// read one of any size). Such a body gets a 400 whose body is a JSON-RPC
+/// error, with the request's id when one can be found, null otherwise.
+async fn mcp_message(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    if request.method() != axum::http::Method::POST {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match read_body(Request::from_parts(parts.clone(), body), &state).await {
+        Ok(bytes) => bytes,
+        Err(e) => return e.into_response(),
+    };
+    let limits = super::stdio::LineLimits {
+        max_bytes: state.limits.body_bytes,
+        max_depth: state.limits.json_depth + 2,
+    };
+    let Some((code, message)) = super::stdio::refusal(&bytes, bytes.len(), limits) else {
+        return next
+            .run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+            .await;
+    };
+    // The id as sent (`1.5e3` stays so); a batch's members may each have
+    // one, and the single answer names none.
+    let id = match super::stdio::refused_ids(&bytes).as_slice() {
+        [one] if !bytes.trim_ascii_start().starts_with(b"[") => one.to_string(),
+        _ => "null".to_string(),
+    };
+    let error = serde_json::json!({"code": code, "message": message});
+    let answer = format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"error\":{error}}}");
+    let json = [(header::CONTENT_TYPE, "application/json")];
+    (StatusCode::BAD_REQUEST, json, answer).into_response()
 }
 
 /// A path no route serves: a JSON 404 like every other error.

@@ -1,13 +1,15 @@
 //! The stdio transport of `deltamem mcp`, with limits like the HTTP face's.
 //!
 //! rmcp reads JSON-RPC lines itself, but it drops a line over its length
-//! limit, one nested deeper than serde_json's recursion limit, or one that
-//! is not UTF-8, and says nothing: the client waits for an answer that
-//! never comes. So each line is checked here first, and a refused one is
-//! answered with a JSON-RPC error carrying the request's id, as HTTP
-//! answers 413 or 400 (one with no id to find, a notification, only on
-//! stderr: an answer nobody can match could start an error storm with a
-//! peer that echoes). Lines that
+//! limit, one nested deeper than serde_json's recursion limit, one that
+//! is not UTF-8 or not JSON, and says nothing: the client waits for an
+//! answer that never comes (and a batch, which MCP no longer has, it
+//! answers with an error that has no id). So each line is checked here
+//! first, and a refused one is answered with a JSON-RPC error carrying the
+//! request's id (each member's, for a batch), as HTTP answers 413 or 400
+//! (one with no id to find, a notification, only on stderr: an answer
+//! nobody can match could start an error storm with a peer that echoes).
+//! Blank lines are skipped. Lines that
 //! pass go to rmcp through an in-process pipe. rmcp's answers come back
 //! through another pipe and are copied to stdout a whole line at a time,
 //! so an error written here never lands inside one of them.
@@ -87,6 +89,9 @@ where
         let Some(line_bytes) = read_line(&mut input, &mut line, limits.max_bytes).await? else {
             return Ok(());
         };
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue; // nothing was asked: neither forwarded nor answered
+        }
         match refusal(&line, line_bytes, limits) {
             None => {
                 line.push(b'\n');
@@ -95,15 +100,14 @@ where
             }
             Some((code, message)) => {
                 eprintln!("deltamem mcp: refused a request: {message}");
-                let Some(id) = request_id(&line) else {
-                    continue;
-                };
                 let error = serde_json::json!({"code": code, "message": message});
-                // The id as sent, byte for byte: a number read into f64 and
-                // written again (1.5e3 as 1500.0) would not match.
-                let answer = format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"error\":{error}}}\n");
                 let mut out = out.lock().await;
-                out.write_all(answer.as_bytes()).await?;
+                for id in refused_ids(&line) {
+                    // The id as sent, byte for byte: a number read into f64
+                    // and written again (1.5e3 as 1500.0) would not match.
+                    let answer = format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"error\":{error}}}\n");
+                    out.write_all(answer.as_bytes()).await?;
+                }
                 out.flush().await?;
             }
         }
@@ -119,7 +123,7 @@ const PARSE_ERROR: i32 = -32700;
 /// `limits.max_bytes`) is refused, if it is, with the JSON-RPC error code.
 /// A line that is not UTF-8 (a stray byte inside a string) is refused
 /// here too: rmcp drops it without an answer.
-fn refusal(line: &[u8], line_bytes: usize, limits: LineLimits) -> Option<(i32, String)> {
+pub(super) fn refusal(line: &[u8], line_bytes: usize, limits: LineLimits) -> Option<(i32, String)> {
     if line_bytes > limits.max_bytes {
         let message = format!(
             "the request line is {line_bytes} bytes, over the limit of {} bytes",
@@ -128,16 +132,40 @@ fn refusal(line: &[u8], line_bytes: usize, limits: LineLimits) -> Option<(i32, S
         return Some((INVALID_REQUEST, message));
     }
     if let Err(e) = std::str::from_utf8(line) {
-        let message = format!("the request line is not UTF-8 (at byte {})", e.valid_up_to());
+        let message = format!("the message is not UTF-8 (at byte {})", e.valid_up_to());
         return Some((PARSE_ERROR, message));
     }
-    super::http::nesting_beyond(line, limits.max_depth).map(|at| {
+    if let Some(at) = super::http::nesting_beyond(line, limits.max_depth) {
         let message = format!(
             "the request nests deeper than {} levels (at byte {at})",
             limits.max_depth
         );
-        (INVALID_REQUEST, message)
-    })
+        return Some((INVALID_REQUEST, message));
+    }
+    // rmcp drops a line that is not JSON without a word, and answers a
+    // batch with an error that has no id: either way the client's
+    // requests would wait for answers that never come.
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(line) {
+        return Some((PARSE_ERROR, format!("the message is not JSON: {e}")));
+    }
+    if line.get(skip_ws(line, 0)) == Some(&b'[') {
+        let message = "a JSON-RPC batch: MCP has had none since 2025-06-18; send each message on its own (a line each, or a POST each)";
+        return Some((INVALID_REQUEST, message.to_string()));
+    }
+    None
+}
+
+/// The ids to answer a refused line with: its own, or each member's of a
+/// batch (a member without an id is a notification, not answered).
+pub(super) fn refused_ids(line: &[u8]) -> Vec<&str> {
+    if line.get(skip_ws(line, 0)) != Some(&b'[') {
+        return request_id(line).into_iter().collect();
+    }
+    match serde_json::from_slice::<Vec<&serde_json::value::RawValue>>(line) {
+        Ok(members) => members.iter().filter_map(|m| request_id(m.get().as_bytes())).collect(),
+        // A batch cut at the length limit: its ids cannot be told apart.
+        Err(_) => Vec::new(),
+    }
 }
 
 /// Reads one line (without its newline) into `line`, keeping at most
@@ -256,8 +284,8 @@ mod tests {
         let (forwarded, answers) = pump(input.as_bytes(), SMALL);
         assert_eq!(
             forwarded,
-            format!("{good}\n\n{good}\n"),
-            "the last, cut-off line is dropped"
+            format!("{good}\n{good}\n"),
+            "the blank line is skipped, the last, cut-off line dropped"
         );
         assert_eq!(answers.len(), 2, "the notification is not answered: {answers:?}");
         assert_eq!(answers[0]["id"], "q7");
@@ -285,6 +313,27 @@ mod tests {
         assert_eq!(answers[0]["error"]["code"], -32700);
         let message = answers[0]["error"]["message"].as_str().unwrap();
         assert!(message.contains("not UTF-8 (at byte 53)"), "{message}");
+    }
+
+    #[test]
+    fn a_line_that_is_not_json_or_is_a_batch_is_answered_for_each_id() {
+        let good = r#"{"jsonrpc":"2.0","id":1,"method":"m"}"#;
+        let cut = r#"{"jsonrpc":"2.0","id":3,"method":"tools/list""#;
+        let batch = r#" [{"jsonrpc":"2.0","id":"a","method":"m"},{"jsonrpc":"2.0","method":"n"},{"id":1.5e3}]"#;
+        let notifications = r#"[{"jsonrpc":"2.0","method":"n"}]"#;
+        let input = format!("{cut}\n{batch}\n{notifications}\ngarbage\n \t\n{good}\n");
+        let (forwarded, answers) = pump(input.as_bytes(), SMALL);
+        assert_eq!(forwarded, format!("{good}\n"));
+        let ids: Vec<String> = answers.iter().map(|a| a["id"].to_string()).collect();
+        assert_eq!(ids, ["3", "\"a\"", "1500.0"], "{answers:?}");
+        assert_eq!(answers[0]["error"]["code"], -32700);
+        let message = answers[0]["error"]["message"].as_str().unwrap();
+        assert!(message.contains("not JSON: EOF while parsing"), "{message}");
+        for batch_answer in &answers[1..] {
+            assert_eq!(batch_answer["error"]["code"], -32600);
+            let message = batch_answer["error"]["message"].as_str().unwrap();
+            assert!(message.contains("JSON-RPC batch"), "{message}");
+        }
     }
 
     #[test]
