@@ -667,24 +667,41 @@ fn every_precision_answers_like_f32() {
 }
 
 /// `stats` names the scan kernel in use: the best this CPU runs, or the
-/// level `DELTAMEM_KERNEL` forces.
+/// level `DELTAMEM_KERNEL` forces; and the approximate first pass of wide
+/// batches, which the portable level lacks and the AVX2 level runs in
+/// 16-bit integers unless `DELTAMEM_FIXED16=off`.
 #[test]
 fn stats_names_the_scan_kernel() {
     let (_dir, path) = bank(&[]);
-    let kernel_of = |forced: Option<&str>| -> Value {
+    let stats_with = |env: &[(&str, &str)]| -> Value {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_deltamem"));
         cmd.args(["stats", s(&path), "--json"]);
-        match forced {
-            Some(level) => cmd.env("DELTAMEM_KERNEL", level),
-            None => cmd.env_remove("DELTAMEM_KERNEL"),
-        };
+        cmd.env_remove("DELTAMEM_KERNEL").env_remove("DELTAMEM_FIXED16");
+        cmd.envs(env.iter().copied());
         let out = cmd.output().unwrap();
         assert!(out.status.success());
-        serde_json::from_slice::<Value>(&out.stdout).unwrap()["kernel"].clone()
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let kernel_of = |forced: Option<&str>| -> Value {
+        let env: Vec<(&str, &str)> = forced.map(|level| ("DELTAMEM_KERNEL", level)).into_iter().collect();
+        stats_with(&env)["kernel"].clone()
     };
     let best = deltamem::bank::kernels::Level::all_supported().last().unwrap().name();
     assert_eq!(kernel_of(None), best);
     assert_eq!(kernel_of(Some("portable")), "portable");
+    assert_eq!(
+        stats_with(&[("DELTAMEM_KERNEL", "portable")])["first_pass"],
+        Value::Null
+    );
+    if deltamem::bank::kernels::Level::Avx2.is_supported() {
+        let avx2 = stats_with(&[("DELTAMEM_KERNEL", "avx2")]);
+        assert_eq!(
+            (&avx2["kernel"], &avx2["first_pass"]),
+            (&json!("avx2"), &json!("16-bit integer"))
+        );
+        let off = stats_with(&[("DELTAMEM_KERNEL", "avx2"), ("DELTAMEM_FIXED16", "off")]);
+        assert_eq!(off["first_pass"], Value::Null);
+    }
     assert!(
         ok(&["stats", s(&path)], "")
             .stdout

@@ -43,6 +43,12 @@ pub struct StatsReply {
     /// The dot-product kernels the answering process scans with
     /// (CPU-dependent; `DELTAMEM_KERNEL` can force a lower level).
     pub kernel: String,
+    /// The approximate first pass a batch of 8 or more f32 queries is
+    /// scored with before the exact re-scoring of the pairs its bound
+    /// cannot settle ("bfloat16" or "16-bit integer"); None when every
+    /// pair is scored exactly (the kernel has none, an f16 column, or
+    /// `DELTAMEM_BF16`/`DELTAMEM_FIXED16=off`).
+    pub first_pass: Option<String>,
     pub nodes: u64,
     pub checkpointed_nodes: u64,
     pub eps: f32,
@@ -75,6 +81,10 @@ impl StatsReply {
             dim: s.dim_count,
             precision: s.precision.as_str().to_string(),
             kernel: Level::active().name().to_string(),
+            first_pass: (s.precision == crate::format::manifest::Precision::F32)
+                .then(|| crate::bank::kernels::first_pass_name(Level::active()))
+                .flatten()
+                .map(str::to_string),
             nodes: s.nodes,
             checkpointed_nodes: s.checkpointed_nodes,
             eps: manifest.eps,

@@ -101,7 +101,11 @@ fn write_stats_text_with(out: &mut impl Write, bank: &Bank, compression: Option<
         .map_err(io)?;
     }
     writeln!(out, "WAL: {} bytes; checkpoint LSN {}", r.wal_bytes, r.checkpoint_lsn).map_err(io)?;
-    writeln!(out, "scan kernel: {}", r.kernel).map_err(io)?;
+    match &r.first_pass {
+        Some(pass) => writeln!(out, "scan kernel: {} (batches scored first in {pass})", r.kernel),
+        None => writeln!(out, "scan kernel: {}", r.kernel),
+    }
+    .map_err(io)?;
     Ok(())
 }
 
