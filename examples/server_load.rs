@@ -17,6 +17,8 @@
 //!     agent processes), or with `INSERT_DRIVER=loop` all of them share
 //!     one thread's event loop (as one process driving many episodes, or
 //!     wrk): the same requests, less of the two cores spent on clients.
+//!     `INSERT_TRANSPORT=unix` serves the inserts on a Unix socket beside
+//!     the bank instead of loopback TCP (the clients connect through it).
 //!     `INSERT_SYNC=none` runs the inserts on a server that never fsyncs
 //!     (the peer that shows what group commit leaves on the table: the
 //!     insert target is about durable writes and is not judged then).
@@ -43,13 +45,12 @@
 //! (default all), e.g. to profile one phase with `perf record`.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use deltamem::api::embedding::encode_base64_f32;
-use deltamem::server::{Limits, ServeConfig, serve};
+use deltamem::server::{Limits, ListenAddr, ServeConfig, serve};
 use deltamem::storage::sim::Rng;
 use deltamem::{Attach, Bank, BankConfig, Change, Label, NewNode, OpenOptions, Payload, QueryOptions, SyncPolicy};
 
@@ -86,11 +87,13 @@ fn build_bank(path: &Path, nodes: usize) {
     bank.close().unwrap();
 }
 
-fn start(path: &Path, sync: SyncPolicy) -> String {
+/// Starts a server on `path` listening on `listen`; its base URL
+/// (`http://ADDR`), or `unix:PATH` for a Unix socket.
+fn start(path: &Path, sync: SyncPolicy, listen: ListenAddr) -> String {
     let (tx, rx) = mpsc::channel();
     let config = ServeConfig {
         bank: path.to_path_buf(),
-        listen: "127.0.0.1:0".parse().unwrap(),
+        listen,
         token: None,
         threads: threads(),
         sync,
@@ -100,8 +103,22 @@ fn start(path: &Path, sync: SyncPolicy) -> String {
         on_lock_wait: None,
         limits: Limits::default(),
     };
-    std::thread::spawn(move || serve(config, |addr: SocketAddr| tx.send(addr).unwrap()).unwrap());
-    format!("http://{}", rx.recv().unwrap())
+    std::thread::spawn(move || serve(config, |bound: &ListenAddr| tx.send(bound.clone()).unwrap()).unwrap());
+    rx.recv().unwrap().to_string()
+}
+
+fn loopback() -> ListenAddr {
+    ListenAddr::Tcp("127.0.0.1:0".parse().unwrap())
+}
+
+/// Where the insert server listens: loopback TCP, or with
+/// `INSERT_TRANSPORT=unix` a Unix socket beside the bank (the clients then
+/// connect through it too).
+fn insert_listen(bank: &Path) -> ListenAddr {
+    match std::env::var("INSERT_TRANSPORT").is_ok_and(|t| t == "unix") {
+        true => ListenAddr::Unix(bank.with_extension("sock")),
+        false => loopback(),
+    }
 }
 
 struct Run {
@@ -247,12 +264,21 @@ fn query_phase(base: &str, bodies: &[String]) -> Vec<Run> {
 
 /// Two counters from the server's `/metrics` (0 if absent).
 fn counters(base: &str, names: [&str; 2]) -> (f64, f64) {
-    let metrics = ureq::get(&format!("{base}/metrics"))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
+    let metrics = match base.strip_prefix("http://") {
+        Some(_) => ureq::get(&format!("{base}/metrics"))
+            .call()
+            .unwrap()
+            .body_mut()
+            .read_to_string()
+            .unwrap(),
+        None => {
+            let mut connection = Connection::open(base);
+            let request = format!("GET /metrics HTTP/1.1\r\nhost: {}\r\n\r\n", host_of(base));
+            assert_eq!(connection.round_trip(request.as_bytes()), 200);
+            let head = connection.buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+            String::from_utf8_lossy(&connection.buf[head..]).into_owned()
+        }
+    };
     let counter = |name: &str| -> f64 {
         metrics
             .lines()
@@ -302,8 +328,8 @@ impl InsertRun {
 /// `rounds` times over (1, 8, 32, 1, 8, 32, ...: the rounds see the same
 /// machine load); returns each client count's runs.
 fn insert_phase(empty: &Path, spelling: &str, rounds: usize, counts: &[usize]) -> BTreeMap<usize, Vec<InsertRun>> {
-    let base = start(empty, insert_sync());
-    let addr = base.strip_prefix("http://").unwrap();
+    let base = start(empty, insert_sync(), insert_listen(empty));
+    let addr = base.strip_prefix("http://").unwrap_or(&base);
     // Requests are made before the clock starts: the load generator shares
     // the machine with the server and must not spend its time printing
     // floats or building headers.
@@ -475,12 +501,21 @@ fn post_until<S: AsRef<str>>(
 /// A whole HTTP/1.1 POST of a JSON `body`, headers and body in one buffer.
 fn post_request(addr: &str, path: &str, body: &str) -> Vec<u8> {
     let mut request = format!(
-        "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        "POST {path} HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        host_of(addr),
         body.len()
     )
     .into_bytes();
     request.extend_from_slice(body.as_bytes());
     request
+}
+
+/// The Host header for `addr` (a Unix socket has no host name).
+fn host_of(addr: &str) -> &str {
+    match addr.starts_with("unix:") {
+        true => "localhost",
+        false => addr,
+    }
 }
 
 /// One insert client's closed loop on one keep-alive connection, as
@@ -528,8 +563,50 @@ fn send_all_until(addr: &str, started: Instant, clients: usize, count: usize, re
 
 /// One client of `send_all_until`: `send_until` on a non-blocking socket.
 async fn closed_loop(addr: String, started: Instant, count: usize, requests: Vec<Vec<u8>>) -> Vec<f64> {
-    let stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    stream.set_nodelay(true).unwrap();
+    match addr.strip_prefix("unix:") {
+        Some(path) => {
+            let stream = tokio::net::UnixStream::connect(path).await.unwrap();
+            closed_loop_on(stream, started, count, requests).await
+        }
+        None => {
+            let stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            stream.set_nodelay(true).unwrap();
+            closed_loop_on(stream, started, count, requests).await
+        }
+    }
+}
+
+/// What `closed_loop` needs of a tokio stream (TCP and Unix have the
+/// same methods, but no trait of tokio's names them).
+trait Nonblocking {
+    async fn writable(&self) -> std::io::Result<()>;
+    async fn readable(&self) -> std::io::Result<()>;
+    fn try_write(&self, buf: &[u8]) -> std::io::Result<usize>;
+    fn try_read(&self, buf: &mut [u8]) -> std::io::Result<usize>;
+}
+
+macro_rules! nonblocking {
+    ($stream:ty) => {
+        impl Nonblocking for $stream {
+            async fn writable(&self) -> std::io::Result<()> {
+                <$stream>::writable(self).await
+            }
+            async fn readable(&self) -> std::io::Result<()> {
+                <$stream>::readable(self).await
+            }
+            fn try_write(&self, buf: &[u8]) -> std::io::Result<usize> {
+                <$stream>::try_write(self, buf)
+            }
+            fn try_read(&self, buf: &mut [u8]) -> std::io::Result<usize> {
+                <$stream>::try_read(self, buf)
+            }
+        }
+    };
+}
+nonblocking!(tokio::net::TcpStream);
+nonblocking!(tokio::net::UnixStream);
+
+async fn closed_loop_on<S: Nonblocking>(stream: S, started: Instant, count: usize, requests: Vec<Vec<u8>>) -> Vec<f64> {
     let (mut out, mut buf) = (Vec::new(), Vec::with_capacity(4096));
     for i in 0..count {
         if started.elapsed() > INSERT_RUN {
@@ -567,16 +644,26 @@ async fn closed_loop(addr: String, started: Instant, count: usize, requests: Vec
     out
 }
 
-/// A keep-alive HTTP/1.1 connection for `send_until`.
+/// A keep-alive HTTP/1.1 connection for `send_until`, over TCP or, for
+/// `unix:PATH`, a Unix socket.
 struct Connection {
-    stream: std::net::TcpStream,
+    stream: Box<dyn ReadWrite>,
     buf: Vec<u8>,
 }
 
+trait ReadWrite: std::io::Read + std::io::Write {}
+impl<T: std::io::Read + std::io::Write> ReadWrite for T {}
+
 impl Connection {
     fn open(addr: &str) -> Connection {
-        let stream = std::net::TcpStream::connect(addr).unwrap();
-        stream.set_nodelay(true).unwrap();
+        let stream: Box<dyn ReadWrite> = match addr.strip_prefix("unix:") {
+            Some(path) => Box::new(std::os::unix::net::UnixStream::connect(path).unwrap()),
+            None => {
+                let stream = std::net::TcpStream::connect(addr).unwrap();
+                stream.set_nodelay(true).unwrap();
+                Box::new(stream)
+            }
+        };
         Connection {
             stream,
             buf: Vec::with_capacity(4096),
@@ -781,7 +868,7 @@ fn main() {
         load_average()
     );
     let mut targets = Vec::new();
-    let base = start(&big, SyncPolicy::Always);
+    let base = start(&big, SyncPolicy::Always, loopback());
     if wants("overhead") {
         let library = library_bank(&big);
         let (lib_ms, http_ms) = overhead_ms(&library, &format!("{base}/v1/trees/task/query"), &queries, &bodies);

@@ -5,9 +5,10 @@
 mod server_common;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -802,4 +803,97 @@ fn the_checkpoint_threshold_is_an_option() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `serve --listen unix:PATH`, then one request on a new connection to the
+/// socket; the answer's (status line, body).
+fn unix_exchange(socket: &Path, request: &str) -> (String, String) {
+    let mut client = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    client.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    client.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    client.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+fn spawn_unix(bank: &Path, socket: &Path) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_deltamem"))
+        .args(["serve", bank.to_str().unwrap(), "--threads", "2", "--listen"])
+        .arg(format!("unix:{}", socket.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The first stderr line of a starting server (the rest is drained, so
+/// the server never blocks or fails writing to it).
+fn first_line(child: &mut std::process::Child) -> String {
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    line
+}
+
+/// All that a server which refused to start wrote to stderr.
+fn refusal(mut child: std::process::Child) -> String {
+    let mut said = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut said).unwrap();
+    assert!(!child.wait().unwrap().success(), "{said}");
+    said
+}
+
+/// A Unix socket: served without a token, owner-only; a second server on
+/// it, or a path that is not a socket, is refused and left as it was; a
+/// socket left by a killed server is replaced; SIGTERM removes it.
+#[test]
+fn serves_on_an_owner_only_unix_socket() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let (dir, path) = bank(DIM as u32);
+    let socket = dir.path().join("d.sock");
+    let mut server = spawn_unix(&path, &socket);
+    let said = first_line(&mut server);
+    assert!(said.contains(&format!("on unix:{}", socket.display())), "{said}");
+    let meta = std::fs::symlink_metadata(&socket).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+
+    let body = node("task", json!("root"), "over a socket", &one_hot(1)).to_string();
+    let post = format!(
+        "POST /v1/nodes HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let (status, ack) = unix_exchange(&socket, &post);
+    assert!(status.contains(" 200 "), "{status} {ack}");
+    let get = "GET /v1/nodes/0 HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    let (_, stored) = unix_exchange(&socket, get);
+    assert!(stored.contains("over a socket"), "{stored}");
+
+    // Another bank, so the second server is not held up by the first's lock.
+    let (_other_dir, other) = bank(DIM as u32);
+    let said = refusal(spawn_unix(&other, &socket));
+    assert!(said.contains("another server is listening"), "{said}");
+    let (status, _) = unix_exchange(&socket, get);
+    assert!(status.contains(" 200 "), "the first server still answers: {status}");
+
+    server.kill().unwrap(); // kill -9: the socket file stays behind
+    server.wait().unwrap();
+    assert!(socket.exists());
+    let mut restarted = spawn_unix(&path, &socket);
+    let said = first_line(&mut restarted);
+    assert!(said.contains("on unix:"), "the stale socket is replaced: {said}");
+    let (_, stored) = unix_exchange(&socket, get);
+    assert!(stored.contains("over a socket"), "{stored}");
+    let pid = restarted.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(restarted.wait().unwrap().success());
+    assert!(!socket.exists(), "a clean stop removes the socket");
+
+    std::fs::write(&socket, "not a socket").unwrap();
+    let said = refusal(spawn_unix(&path, &socket));
+    assert!(said.contains("is not a socket"), "{said}");
+    assert_eq!(std::fs::read_to_string(&socket).unwrap(), "not a socket");
 }

@@ -1,6 +1,5 @@
 //! `deltamem serve` and `deltamem mcp` (feature `server`, docs/SERVER.md).
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -12,9 +11,10 @@ use super::insert::SyncArg;
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     bank: PathBuf,
-    /// Address to listen on; anything but loopback needs a token.
+    /// Address to listen on (anything but loopback needs a token), or
+    /// unix:PATH for an owner-only Unix socket.
     #[arg(long, default_value = "127.0.0.1:7878")]
-    listen: SocketAddr,
+    listen: deltamem::server::ListenAddr,
     /// File holding the bearer token (else $DELTAMEM_TOKEN, if set).
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
@@ -73,7 +73,7 @@ pub fn serve(args: ServeArgs, quiet: bool) -> anyhow::Result<Status> {
     let config = deltamem::server::ServeConfig {
         token: read_token(args.token_file.as_deref())?,
         bank: args.bank.clone(),
-        listen: args.listen,
+        listen: args.listen.clone(),
         threads: args.threads.max(1),
         sync: args.sync.policy(),
         read_only: args.read_only,
@@ -87,10 +87,10 @@ pub fn serve(args: ServeArgs, quiet: bool) -> anyhow::Result<Status> {
             ..Default::default()
         },
     };
-    deltamem::server::serve(config, |addr| {
+    deltamem::server::serve(config, |bound| {
         if !quiet {
             // Scripts (and the tests) read the port from this line.
-            eprintln!("deltamem: serving {} on http://{addr}", args.bank.display());
+            eprintln!("deltamem: serving {} on {bound}", args.bank.display());
         }
     })
     .with_context(|| format!("serving {}", args.bank.display()))?;

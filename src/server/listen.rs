@@ -1,4 +1,4 @@
-//! The connection loop: accepts TCP connections and serves each with
+//! The connection loop: accepts TCP or Unix socket connections and serves each with
 //! hyper's HTTP/1.1, with a time limit on reading every request head.
 //!
 //! Why not `axum::serve`: it sets no timer, so hyper's header read timeout
@@ -18,14 +18,42 @@ use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+
+/// What the connection loop accepts connections from.
+pub trait Accept {
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    fn accept_io(&self) -> impl Future<Output = io::Result<Self::Io>>;
+}
+
+impl Accept for TcpListener {
+    type Io = tokio::net::TcpStream;
+    async fn accept_io(&self) -> io::Result<Self::Io> {
+        self.accept().await.map(|(stream, _)| stream)
+    }
+}
+
+impl<T: Accept> Accept for &T {
+    type Io = T::Io;
+    fn accept_io(&self) -> impl Future<Output = io::Result<Self::Io>> {
+        (**self).accept_io()
+    }
+}
+
+impl Accept for UnixListener {
+    type Io = tokio::net::UnixStream;
+    async fn accept_io(&self) -> io::Result<Self::Io> {
+        self.accept().await.map(|(stream, _)| stream)
+    }
+}
 
 /// Serves `app` on `listener` until `stop` resolves, then stops accepting
 /// and waits up to `drain` for the open connections to finish their
 /// requests (idle ones are closed at once). Each request head must arrive
 /// within `head`.
-pub async fn serve(
-    listener: TcpListener,
+pub async fn serve<L: Accept>(
+    listener: L,
     app: Router,
     stop: impl Future<Output = ()>,
     head: Duration,
@@ -37,8 +65,8 @@ pub async fn serve(
     let mut stop = std::pin::pin!(stop);
     loop {
         let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+            accepted = listener.accept_io() => match accepted {
+                Ok(stream) => stream,
                 Err(e) => {
                     pause_after(&e).await;
                     continue;

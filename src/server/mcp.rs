@@ -8,7 +8,6 @@
 //! write only, with a bounded wait, and each read first refreshes to see
 //! the others' writes.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -363,16 +362,19 @@ impl<M: Memory> ServerHandler for MemoryTools<M> {
 /// The tools on Streamable HTTP, as a router nested at `/mcp`.
 pub fn http_service<S: Clone + Send + Sync + 'static>(
     core: Arc<Core>,
-    bound: &SocketAddr,
+    bound: &super::ListenAddr,
     cancel: CancellationToken,
 ) -> Router<S> {
     let memory = Arc::new(core);
     // Host validation guards a loopback server against DNS rebinding; the
     // address it was told to listen on is allowed too.
-    let host = bound.ip().to_string();
+    let mut hosts = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
+    if let super::ListenAddr::Tcp(addr) = bound {
+        hosts.push(addr.ip().to_string());
+    }
     let config = StreamableHttpServerConfig::default()
         .with_cancellation_token(cancel)
-        .with_allowed_hosts(["localhost".to_string(), "127.0.0.1".into(), "::1".into(), host]);
+        .with_allowed_hosts(hosts);
     let service = StreamableHttpService::new(
         move || Ok(MemoryTools::new(memory.clone())),
         LocalSessionManager::default().into(),

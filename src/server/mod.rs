@@ -4,6 +4,7 @@
 //! commit, query batching), `routes`/`browse` map HTTP onto it, `mcp`
 //! exposes the same operations as MCP tools.
 
+mod address;
 #[cfg(feature = "agent")]
 mod agent;
 mod batcher;
@@ -24,12 +25,12 @@ mod stdio;
 mod tests;
 mod vectors;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 pub use self::core::Core;
+pub use address::ListenAddr;
 pub use error::ApiError;
 pub use http::Limits;
 
@@ -39,8 +40,9 @@ use crate::bank::{BankError, OpenOptions, SyncPolicy};
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub bank: PathBuf,
-    pub listen: SocketAddr,
-    /// Bearer token; required unless `listen` is a loopback address.
+    pub listen: ListenAddr,
+    /// Bearer token; required unless `listen` is a loopback address or a
+    /// Unix socket.
     pub token: Option<String>,
     /// Threads of the runtime and of each scan.
     pub threads: usize,
@@ -80,8 +82,8 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServeError {
 /// finishes requests in flight (waiting at most `SHUTDOWN_DRAIN`),
 /// checkpoints and returns. `ready` is told
 /// the bound address (the port may have been 0).
-pub fn serve(config: ServeConfig, ready: impl FnOnce(SocketAddr)) -> Result<(), ServeError> {
-    if !http::is_loopback(&config.listen) && config.token.is_none() {
+pub fn serve(config: ServeConfig, ready: impl FnOnce(&ListenAddr)) -> Result<(), ServeError> {
+    if !config.listen.is_local() && config.token.is_none() {
         return Err(ServeError::Config(format!(
             "{} is not a loopback address: give a bearer token (--token-file or DELTAMEM_TOKEN)",
             config.listen
@@ -117,11 +119,30 @@ pub fn serve(config: ServeConfig, ready: impl FnOnce(SocketAddr)) -> Result<(), 
     closed.map_err(ServeError::from)
 }
 
-async fn run(config: ServeConfig, core: Arc<Core>, ready: impl FnOnce(SocketAddr)) -> Result<(), ServeError> {
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(io(format!("cannot listen on {}", config.listen)))?;
-    let bound = listener.local_addr().map_err(io("cannot read the bound address"))?;
+async fn run(config: ServeConfig, core: Arc<Core>, ready: impl FnOnce(&ListenAddr)) -> Result<(), ServeError> {
+    match config.listen.clone() {
+        ListenAddr::Tcp(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(io(format!("cannot listen on {addr}")))?;
+            let bound = listener.local_addr().map_err(io("cannot read the bound address"))?;
+            run_on(listener, ListenAddr::Tcp(bound), config, core, ready).await
+        }
+        ListenAddr::Unix(path) => {
+            // Dropped (the file removed) once the server has stopped.
+            let socket = address::bind_unix(&path)?;
+            run_on(&socket.listener, ListenAddr::Unix(path), config, core, ready).await
+        }
+    }
+}
+
+async fn run_on<L: listen::Accept>(
+    listener: L,
+    bound: ListenAddr,
+    config: ServeConfig,
+    core: Arc<Core>,
+    ready: impl FnOnce(&ListenAddr),
+) -> Result<(), ServeError> {
     let cancel = tokio_util::sync::CancellationToken::new();
     let state = http::AppState {
         core: core.clone(),
@@ -132,7 +153,7 @@ async fn run(config: ServeConfig, core: Arc<Core>, ready: impl FnOnce(SocketAddr
     let mcp = mcp::http_service(core, &bound, cancel.clone());
     let app = http::router(state, mcp);
     let stop = shutdown_signal()?;
-    ready(bound);
+    ready(&bound);
     let stop = async move {
         stop.await;
         cancel.cancel();
