@@ -1,18 +1,18 @@
 //! The stdio transport of `deltamem mcp`, with limits like the HTTP face's.
 //!
-//! rmcp reads JSON-RPC lines itself, but it drops a line over its length
-//! limit, one nested deeper than serde_json's recursion limit, one that
-//! is not UTF-8 or not JSON, and says nothing: the client waits for an
-//! answer that never comes (and a batch, which MCP no longer has, it
-//! answers with an error that has no id). So each line is checked here
-//! first, and a refused one is answered with a JSON-RPC error carrying the
-//! request's id (each member's, for a batch), as HTTP answers 413 or 400
+//! rmcp reads JSON-RPC lines itself, but a line over its length limit,
+//! nested deeper than serde_json's recursion limit, not UTF-8, not JSON,
+//! or JSON but not a message it knows (a batch among them) it drops
+//! without a word or answers with an error that has no id: the client
+//! waits for an answer that never comes. So each line is checked here
+//! first, read as rmcp reads it, and a refused one is answered with a
+//! JSON-RPC error for every id found in it, as HTTP answers 413 or 400
 //! (one with no id to find, a notification, only on stderr: an answer
 //! nobody can match could start an error storm with a peer that echoes).
-//! Blank lines are skipped. Lines that
-//! pass go to rmcp through an in-process pipe. rmcp's answers come back
-//! through another pipe and are copied to stdout a whole line at a time,
-//! so an error written here never lands inside one of them.
+//! Blank lines are skipped. Lines that pass go to rmcp through an
+//! in-process pipe. rmcp's answers come back through another pipe and are
+//! copied to stdout a whole line at a time, so an error written here
+//! never lands inside one of them.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -20,6 +20,8 @@ use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream};
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
+
+use serde_json::value::RawValue;
 
 use super::http::walk_structure;
 use super::vectors::skip_ws;
@@ -142,30 +144,78 @@ pub(super) fn refusal(line: &[u8], line_bytes: usize, limits: LineLimits) -> Opt
         );
         return Some((INVALID_REQUEST, message));
     }
-    // rmcp drops a line that is not JSON without a word, and answers a
-    // batch with an error that has no id: either way the client's
-    // requests would wait for answers that never come.
-    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(line) {
+    // The message is read as rmcp reads it: rmcp drops a line it cannot
+    // read without a word, or answers it with an error that has no id
+    // (and over HTTP with a 415 in plain text), so the client's requests
+    // would wait for answers that never come.
+    let Err(e) = serde_json::from_slice::<rmcp::model::ClientJsonRpcMessage>(line) else {
+        return None;
+    };
+    use serde_json::error::Category;
+    if matches!(e.classify(), Category::Syntax | Category::Eof | Category::Io) {
         return Some((PARSE_ERROR, format!("the message is not JSON: {e}")));
     }
     if line.get(skip_ws(line, 0)) == Some(&b'[') {
         let message = "a JSON-RPC batch: MCP has had none since 2025-06-18; send each message on its own (a line each, or a POST each)";
         return Some((INVALID_REQUEST, message.to_string()));
     }
-    None
+    Some((INVALID_REQUEST, format!("not a JSON-RPC 2.0 message of MCP: {e}")))
 }
 
-/// The ids to answer a refused line with: its own, or each member's of a
-/// batch (a member without an id is a notification, not answered).
+/// The ids to answer a refused line with: of each whole JSON value on it
+/// (two messages may share a line), of each member of a batch (a member
+/// without an id is a notification, not answered), and of a message cut
+/// off at the end, if its id came before the cut.
 pub(super) fn refused_ids(line: &[u8]) -> Vec<&str> {
-    if line.get(skip_ws(line, 0)) != Some(&b'[') {
-        return request_id(line).into_iter().collect();
+    let mut ids = Vec::new();
+    let mut values = serde_json::Deserializer::from_slice(line).into_iter::<&RawValue>();
+    let mut rest_at = 0;
+    while let Some(Ok(value)) = values.next() {
+        ids.extend(ids_of_value(value.get()));
+        rest_at = values.byte_offset();
     }
-    match serde_json::from_slice::<Vec<&serde_json::value::RawValue>>(line) {
+    let rest = &line[skip_ws(line, rest_at).min(line.len())..];
+    match rest.first() {
+        None => {}
+        // A batch cut off: the ids of the members before the cut.
+        Some(b'[') => ids.extend(members_before_cut(&rest[1..])),
+        Some(_) => ids.extend(request_id(rest)),
+    }
+    ids
+}
+
+/// The ids of one whole JSON value: its own, or its members' if a batch.
+fn ids_of_value(text: &str) -> Vec<&str> {
+    if !text.starts_with('[') {
+        return request_id(text.as_bytes()).into_iter().collect();
+    }
+    match serde_json::from_str::<Vec<&RawValue>>(text) {
         Ok(members) => members.iter().filter_map(|m| request_id(m.get().as_bytes())).collect(),
-        // A batch cut at the length limit: its ids cannot be told apart.
         Err(_) => Vec::new(),
     }
+}
+
+/// The ids of the whole members of a batch cut off (or broken) further
+/// on, `inside` starting after its `[`, and of the member at the cut.
+fn members_before_cut(inside: &[u8]) -> Vec<&str> {
+    let mut ids = Vec::new();
+    let mut at = 0;
+    // Bounded: each turn moves past one member (at least a byte) or ends.
+    for _ in 0..=inside.len() {
+        at = skip_ws(inside, at).min(inside.len());
+        let mut values = serde_json::Deserializer::from_slice(&inside[at..]).into_iter::<&RawValue>();
+        let Some(Ok(member)) = values.next() else {
+            ids.extend(request_id(&inside[at..]));
+            break;
+        };
+        ids.extend(request_id(member.get().as_bytes()));
+        at = skip_ws(inside, at + values.byte_offset());
+        if inside.get(at) != Some(&b',') {
+            break;
+        }
+        at += 1;
+    }
+    ids
 }
 
 /// Reads one line (without its newline) into `line`, keeping at most
@@ -334,6 +384,49 @@ mod tests {
             let message = batch_answer["error"]["message"].as_str().unwrap();
             assert!(message.contains("JSON-RPC batch"), "{message}");
         }
+    }
+
+    /// Lines rmcp cannot read although they are JSON, or that hold more
+    /// than one message, are answered for every id they carry: before,
+    /// rmcp dropped them or answered without an id.
+    #[test]
+    fn every_id_of_a_line_rmcp_cannot_read_is_answered() {
+        let limits = LineLimits {
+            max_bytes: 4096,
+            max_depth: 8,
+        };
+        let lines = [
+            (
+                r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"a\ud800"}}"#,
+                -32700,
+                vec!["7"],
+            ),
+            (r#"{"jsonrpc":"1.0","id":9,"method":"tools/list"}"#, -32600, vec!["9"]),
+            (r#"{"jsonrpc":"2.0","id":5,"id":6,"method":"ping"}"#, -32600, vec!["5"]),
+            (
+                r#"{"jsonrpc":"2.0","id":12,"method":"ping"} {"jsonrpc":"2.0","id":13,"method":"ping"}"#,
+                -32700,
+                vec!["12", "13"],
+            ),
+            (
+                r#"[{"jsonrpc":"2.0","id":4,"method":"ping"}, {"jsonrpc":"2.0","id":"c","met"#,
+                -32700,
+                vec!["4", "\"c\""],
+            ),
+        ];
+        let good = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+        let input: String = lines.iter().map(|(l, _, _)| format!("{l}\n")).collect::<String>() + good + "\n";
+        let (forwarded, answers) = pump(input.as_bytes(), limits);
+        assert_eq!(forwarded, format!("{good}\n"));
+        let mut answers = answers.iter();
+        for (line, code, ids) in lines {
+            for id in ids {
+                let answer = answers.next().unwrap_or_else(|| panic!("no answer for {id} of {line}"));
+                assert_eq!(answer["id"].to_string(), id, "{line}");
+                assert_eq!(answer["error"]["code"], code, "{line}: {answer}");
+            }
+        }
+        assert!(answers.next().is_none());
     }
 
     #[test]
