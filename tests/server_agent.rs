@@ -141,6 +141,27 @@ fn a_recorded_episode_is_found_by_query_and_retrieve() {
     assert_eq!(server.terminate(), 0);
 }
 
+/// Bad input to /v1/record is a 400 naming the field even on a server
+/// with no LLM (it was the 503 for the missing LLM), and a good episode
+/// then gets that 503. Needs no model assets.
+#[test]
+fn record_refuses_bad_input_before_asking_for_an_llm() {
+    let (_dir, path) = bank(DIM);
+    let server = Server::start(&path, &[]);
+    let mut blank = episode("boil water", true, None);
+    blank["task_text"] = json!(" ");
+    let mut missing_node = episode("boil water", true, None);
+    missing_node["retrieved_task"] = json!([u32::MAX]);
+    for (body, field) in [(blank, "task_text"), (missing_node, "retrieved_task")] {
+        let refused = server.fails("POST", "/v1/record", Some(&body.to_string()), 400);
+        assert_eq!(refused["field"], field, "{refused}");
+    }
+    let good = episode("boil water", true, None).to_string();
+    server.fails("POST", "/v1/record", Some(&good), 503);
+    assert_eq!(server.get("/v1/bank")["node_count"], 0);
+    assert_eq!(server.terminate(), 0);
+}
+
 #[test]
 fn record_errors_have_their_statuses_and_write_nothing() {
     if !assets_present() {

@@ -507,27 +507,10 @@ impl MemoryLoop {
     /// `record` on any [`BankStore`] (a server's own bank); `config.bank`
     /// is not used.
     pub fn record_in(&mut self, store: &impl BankStore, episode: &Episode) -> Result<RecordOutcome, AgentError> {
-        check_episode(episode)?;
         // 1. Snapshot.
         let (task_plan, env_plan) = store.read(|bank| {
             self.check_dim(bank)?;
-            let task = self.plan(
-                bank,
-                &self.config.task_tree,
-                TreeKind::Task,
-                episode.retrieved_task.as_deref(),
-                &episode.task_text,
-                "retrieved_task",
-            )?;
-            let env = self.plan(
-                bank,
-                &self.config.env_tree,
-                TreeKind::Env,
-                episode.retrieved_env.as_deref(),
-                &episode.env_text,
-                "retrieved_env",
-            )?;
-            Ok((task, env))
+            plan_both(bank, &self.config, episode)
         })?;
 
         // 2. Embeddings and extraction, no lock held.
@@ -710,7 +693,6 @@ impl MemoryLoop {
     }
 
     fn plan(
-        &self,
         bank: &Bank,
         tree: &str,
         kind: TreeKind,
@@ -895,6 +877,35 @@ fn snapshot_due(bank: &Bank, tree: &str, kind: TreeKind, node: u32) -> Result<Du
         rendered: render_for_distill(&refs),
         chain,
     })
+}
+
+/// Checks `episode` as `record` does before its first LLM call (its
+/// texts, its retrieved chains against `bank`), so a face can refuse bad
+/// input before it needs an embedder or an LLM.
+pub fn check_episode_input(bank: &Bank, config: &AgentConfig, episode: &Episode) -> Result<(), AgentError> {
+    plan_both(bank, config, episode).map(drop)
+}
+
+/// Checks `episode` and plans both trees' updates.
+fn plan_both(bank: &Bank, config: &AgentConfig, episode: &Episode) -> Result<(TreePlan, TreePlan), AgentError> {
+    check_episode(episode)?;
+    let task = MemoryLoop::plan(
+        bank,
+        &config.task_tree,
+        TreeKind::Task,
+        episode.retrieved_task.as_deref(),
+        &episode.task_text,
+        "retrieved_task",
+    )?;
+    let env = MemoryLoop::plan(
+        bank,
+        &config.env_tree,
+        TreeKind::Env,
+        episode.retrieved_env.as_deref(),
+        &episode.env_text,
+        "retrieved_env",
+    )?;
+    Ok((task, env))
 }
 
 fn check_episode(e: &Episode) -> Result<(), AgentError> {

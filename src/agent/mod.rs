@@ -29,7 +29,7 @@ pub use embed::{EmbedError, Embedder, OnnxConfig, OnnxEmbedder, Pooling, TextRol
 pub use llm::{ChatMessage, ChatModel, HttpChat, LlmConfig, LlmError, PromptPurpose};
 pub use memory_loop::{
     AgentConfig, AgentError, ConsolidationOutcome, ConsolidationStatus, Embedding, Episode, HitCount, MatchedChain,
-    MemoryLoop, RecordOutcome, Retrieval, TreeWrite, WriteAction, embed_text,
+    MemoryLoop, RecordOutcome, Retrieval, TreeWrite, WriteAction, check_episode_input, embed_text,
 };
 pub use prompts::{DomainProfile, PromptKind, TreeKind};
 pub use replay::ReplayChat;

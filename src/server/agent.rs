@@ -234,10 +234,12 @@ pub fn retrieve_with<M: Memory>(memory: &M, request: RetrieveRequest) -> ApiResu
 
 /// `record` on the server's bank (blocking; the LLM calls run with no
 /// bank lock held, the commit goes through the store). Everything that
-/// can refuse without the LLM (profile, a read-only server, no LLM
-/// configured) refuses before the first LLM call.
+/// can refuse without the LLM (the episode's input, profile, a read-only
+/// server, no LLM configured) refuses before the first LLM call.
 pub fn record_with<M: Memory>(memory: &M, episode: &Episode, profile_name: Option<&str>) -> ApiResult<RecordOutcome> {
     let config = AgentConfig::new(PathBuf::new(), profile(profile_name)?);
+    // Bad input is a 400 (or 404) even where no LLM is configured.
+    memory.read(|bank| crate::agent::check_episode_input(bank, &config, episode).map_err(agent_error))?;
     memory.writable()?;
     let llm = chat()?;
     let mut memory_loop = MemoryLoop::new(config, SharedEmbedder(embedder()?), llm);
