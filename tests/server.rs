@@ -352,6 +352,22 @@ fn every_error_status_names_the_problem() {
         );
     }
     server.fails("GET", "/v1/trees/nope/nodes", None, 404);
+    // An insert's unknown parent or tree names its field, in a batch too.
+    let orphan = node("task", json!({"parent": 999}), "o", &one_hot(0));
+    let nowhere = node("nope", json!("root"), "n", &one_hot(0));
+    for (body, path, field) in [
+        (orphan.clone(), "/v1/nodes", "attach"),
+        (nowhere.clone(), "/v1/nodes", "tree"),
+        (json!({"nodes": [orphan]}), "/v1/nodes/batch", "nodes[0].attach"),
+        (
+            json!({"nodes": [node("task", json!("root"), "r", &one_hot(1)), nowhere]}),
+            "/v1/nodes/batch",
+            "nodes[1].tree",
+        ),
+    ] {
+        let e = server.fails("POST", path, Some(&body.to_string()), 404);
+        assert_eq!(e["field"], field, "{path}: {e}");
+    }
     let (status, _) = server.call("GET", "/v1/no/such/route", None);
     assert_eq!(status, 404);
     let (status, _) = server.call("GET", "/v1/nodes/batch", None);

@@ -50,7 +50,7 @@ impl ApiError {
 fn classify(e: &BankError, field: &str) -> (StatusCode, Option<String>) {
     let named = |status| (status, Some(field_of(e, field).to_string()));
     match e {
-        BankError::UnknownTree { .. } => (StatusCode::NOT_FOUND, None),
+        BankError::UnknownTree { .. } => named(StatusCode::NOT_FOUND),
         // Named: an unknown node may be a parent to attach to or one of
         // many ids, not only the one in the path.
         BankError::UnknownNode(_) => named(StatusCode::NOT_FOUND),
@@ -66,10 +66,14 @@ fn classify(e: &BankError, field: &str) -> (StatusCode, Option<String>) {
         | BankError::NotConsolidatable { .. }
         | BankError::TransactionTooLarge { .. }
         | BankError::Tree(_) => named(StatusCode::BAD_REQUEST),
-        BankError::BatchItem { position, error } => {
-            let (status, inner) = classify(error, field);
+        // An item of an insert batch: its own field, else its parent (an
+        // unknown node in an insert is the one it attaches to). Of other
+        // batches (ids) the position is the change's, not the id's.
+        BankError::BatchItem { position, error } if field == "nodes" => {
+            let (status, inner) = classify(error, "attach");
             (status, inner.map(|f| format!("nodes[{position}].{f}")))
         }
+        BankError::BatchItem { error, .. } => classify(error, field),
         BankError::Poisoned(_) | BankError::ReadOnly(_) => (StatusCode::SERVICE_UNAVAILABLE, None),
         // Another process's writer lock, held past the wait (`deltamem mcp`).
         e if e.is_locked() => (StatusCode::SERVICE_UNAVAILABLE, None),
@@ -84,7 +88,7 @@ fn field_of<'a>(e: &BankError, default: &'a str) -> &'a str {
         BankError::EmptyScenario => "scenario",
         BankError::PayloadTooLarge { .. } => "payload",
         BankError::BadExternalId { .. } | BankError::DuplicateExternalId { .. } => "id",
-        BankError::WrongTree { .. } => "tree",
+        BankError::WrongTree { .. } | BankError::UnknownTree { .. } => "tree",
         BankError::BadQueryOption(m) if m.starts_with("tau") => "tau",
         BankError::BadQueryOption(m) if m.starts_with("eps") => "eps",
         _ => default,
