@@ -682,6 +682,45 @@ fn a_malformed_mcp_message_gets_a_json_rpc_error() {
     assert_eq!(server.terminate(), 0);
 }
 
+/// MCP sessions over HTTP are capped (rmcp keeps each until it is closed
+/// or idle for 5 minutes): past the cap an initialize gets a 503 naming
+/// the way out, and closing one session makes room for the next.
+#[test]
+fn mcp_sessions_are_capped() {
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &[]);
+    let address = server.address();
+    let initialize = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    let open = || {
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            initialize.len()
+        );
+        raw_exchange(&address, &head, initialize.as_bytes())
+    };
+    let session_of = |answer: &str| {
+        answer.lines().find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("mcp-session-id: ")
+                .map(str::to_string)
+        })
+    };
+    let first = session_of(&open()).expect("a session id");
+    for _ in 1..1024 {
+        assert!(session_of(&open()).is_some());
+    }
+    let refused = open();
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(refused.contains("1024 MCP sessions are open"), "{refused}");
+    let head =
+        format!("DELETE /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nMcp-Session-Id: {first}\r\nConnection: close\r\n\r\n");
+    let closed = raw_exchange(&address, &head, b"");
+    assert!(closed.starts_with("HTTP/1.1 2"), "{closed}");
+    assert!(session_of(&open()).is_some(), "room for one more");
+    assert_eq!(server.terminate(), 0);
+}
+
 /// A path no route serves and a method a route does not take are JSON
 /// errors like the rest (they were empty bodies).
 #[test]

@@ -375,12 +375,35 @@ pub fn http_service<S: Clone + Send + Sync + 'static>(
     let config = StreamableHttpServerConfig::default()
         .with_cancellation_token(cancel)
         .with_allowed_hosts(hosts);
-    let service = StreamableHttpService::new(
-        move || Ok(MemoryTools::new(memory.clone())),
-        LocalSessionManager::default().into(),
-        config,
-    );
-    Router::new().nest_service("/mcp", service)
+    let sessions = Arc::new(LocalSessionManager::default());
+    let service = StreamableHttpService::new(move || Ok(MemoryTools::new(memory.clone())), sessions.clone(), config);
+    let cap = axum::middleware::from_fn(move |request, next| cap_sessions(sessions.clone(), request, next));
+    Router::new().nest_service("/mcp", service).layer(cap)
+}
+
+/// Most MCP sessions open at once over HTTP. rmcp keeps each (~50 KB)
+/// until it is closed (`DELETE /mcp`) or idle for 5 minutes, and sets no
+/// limit: a client that only ever initialises grew the server by ~100 MB
+/// a second. At the cap a new session is refused (503) until one ends.
+const MAX_MCP_SESSIONS: usize = 1024;
+
+/// Refuses a POST that would open a session (one without a session id)
+/// while `MAX_MCP_SESSIONS` are open.
+async fn cap_sessions(
+    sessions: Arc<LocalSessionManager>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let opens = request.method() == axum::http::Method::POST && !request.headers().contains_key("mcp-session-id");
+    if opens && sessions.sessions.read().await.len() >= MAX_MCP_SESSIONS {
+        let message = format!(
+            "{MAX_MCP_SESSIONS} MCP sessions are open, the most this server keeps: close one (DELETE /mcp \
+             with its Mcp-Session-Id) or wait for an idle one to expire (5 minutes)"
+        );
+        return ApiError::unavailable(message).into_response();
+    }
+    next.run(request).await
 }
 
 /// `deltamem mcp BANK`: the tools over stdin/stdout until stdin closes.
