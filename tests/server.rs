@@ -209,6 +209,22 @@ fn the_openapi_document_states_the_banks_bounds() {
         .to_string()
         .replacen("0.0", "3.5e38", 1);
     server.fails("POST", "/v1/trees/env/query", Some(&huge), 400);
+    // Query parameters and eps carry the bounds the server holds to.
+    let search = &doc["paths"]["/v1/search"]["get"]["parameters"];
+    let limit = search
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "limit")
+        .unwrap();
+    assert_eq!(
+        (&limit["schema"]["minimum"], &limit["schema"]["maximum"]),
+        (&json!(1), &json!(1000))
+    );
+    server.fails("GET", "/v1/search?q=a&limit=1001", None, 400);
+    let eps_max = schemas["TreeQuery"]["properties"]["eps"]["maximum"].as_f64();
+    assert_eq!(eps_max.map(|m| m as f32), Some(f32::MAX));
+    assert!(doc["paths"]["/v1/nodes"]["post"]["responses"]["415"].is_object());
     // A node index is a u32: the document says so, and one past it is refused.
     assert_eq!(schemas["NodeRefJson"]["anyOf"][0]["maximum"], u64::from(u32::MAX));
     let past = json!({"ids": [u64::from(u32::MAX) + 1]}).to_string();

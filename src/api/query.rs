@@ -22,7 +22,7 @@ pub struct QueryRequest {
     #[cfg_attr(feature = "schema", schemars(range(min = -1.0, max = 1.0)))]
     pub tau: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0, max = f32::MAX)))]
     pub eps: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub include_consolidated: Option<bool>,
@@ -61,7 +61,7 @@ pub struct TreeQuery {
     pub tau: Option<f32>,
     /// Failure penalty, finite and >= 0 (default: the bank's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0, max = f32::MAX)))]
     pub eps: Option<f32>,
     /// Also match nodes already distilled into a consolidated root.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -5,8 +5,8 @@
 //! IDE's sessions) reach the server without a TCP port that every local
 //! user can connect to. The socket file is made owner-only (mode 0600), so
 //! the filesystem is the access control and no token is needed; a request
-//! also skips the kernel's TCP/IP path (measured: about 20% less CPU a
-//! round trip than loopback TCP on the same machine, docs/SERVER.md).
+//! also skips the kernel's TCP/IP path (measured: about 16% less CPU an
+//! insert than loopback TCP on the same machine, docs/SERVER.md).
 
 use std::fmt;
 use std::net::SocketAddr;

@@ -208,7 +208,7 @@ fn constrain_agent_schemas(schemas: &mut Map<String, Value>) {
 fn constrain_agent_schemas(_: &mut Map<String, Value>) {}
 
 /// Statuses every operation may answer with an error body.
-const ERROR_STATUSES: [&str; 8] = ["400", "401", "404", "405", "408", "409", "413", "503"];
+const ERROR_STATUSES: [&str; 9] = ["400", "401", "404", "405", "408", "409", "413", "415", "503"];
 
 /// What the serving bank and the server's limits allow, beyond what the
 /// types say: written into the document so that a client, and a fuzzer
@@ -220,6 +220,8 @@ pub struct Bounds {
     pub batch_items: usize,
     /// Most matches one query may ask for.
     pub k_max: usize,
+    /// Most nodes a page or a search answers with.
+    pub page_items: usize,
 }
 
 pub fn document(bounds: &Bounds) -> Value {
@@ -247,9 +249,19 @@ pub fn document(bounds: &Bounds) -> Value {
             .iter()
             .map(|&(name, place, kind)| {
                 let mut param = json!({"name": name, "in": place, "required": place == "path" || name == "q", "schema": {"type": kind}});
-                // A tree in a path is one of the bank's.
-                if (name, place, kind) == TREE {
-                    param["schema"]["enum"] = json!(bounds.trees);
+                // A tree (in a path or a query) is one of the bank's; a
+                // page has at most `page_items`; an offset is a u32.
+                match (name, place) {
+                    ("tree", _) => param["schema"]["enum"] = json!(bounds.trees),
+                    ("limit", "query") => {
+                        param["schema"]["minimum"] = json!(1);
+                        param["schema"]["maximum"] = json!(bounds.page_items);
+                    }
+                    ("offset", "query") => {
+                        param["schema"]["minimum"] = json!(0);
+                        param["schema"]["maximum"] = json!(u32::MAX);
+                    }
+                    _ => {}
                 }
                 if (name, place, kind) == PROFILE {
                     param["schema"]["enum"] = json!(profile_names());

@@ -105,7 +105,11 @@ async fn bank_info(State(state): State<AppState>) -> ApiResult<Json<BankInfo>> {
 /// The OpenAPI document, bounded by this bank's dimension and trees and
 /// this server's batch limit (`openapi::Bounds`).
 async fn openapi(State(state): State<AppState>) -> ApiResult<Json<serde_json::Value>> {
-    let (batch_items, k_max) = (state.limits.batch_items, state.limits.page_items);
+    let (batch_items, k_max, page_items) = (
+        state.limits.batch_items,
+        state.limits.page_items,
+        state.limits.page_items,
+    );
     state
         .blocking(move |core| {
             let bounds = super::openapi::Bounds {
@@ -113,6 +117,7 @@ async fn openapi(State(state): State<AppState>) -> ApiResult<Json<serde_json::Va
                 trees: core.read()?.tree_names(),
                 batch_items,
                 k_max,
+                page_items,
             };
             Ok(Json(super::openapi::document(&bounds)))
         })
