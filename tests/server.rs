@@ -640,6 +640,20 @@ fn a_stalled_request_head_is_closed_and_cannot_hold_shutdown() {
     drop(holding);
 }
 
+/// An MCP `initialize` request.
+const MCP_INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+
+/// POSTs `body` to /mcp on a new connection, as an MCP client would; the
+/// whole answer.
+fn mcp_post(address: &str, body: &str) -> String {
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    raw_exchange(address, &head, body.as_bytes())
+}
+
 /// A POST to /mcp that is not JSON, is a batch or nests too deep gets a
 /// 400 whose body is a JSON-RPC error with the request's id as sent (null
 /// when there is none to tell); rmcp answered 415 in plain text. One over
@@ -651,12 +665,7 @@ fn a_malformed_mcp_message_gets_a_json_rpc_error() {
     let server = Server::start(&path, &["--max-body-bytes", "4096"]);
     let address = server.address();
     let post = |body: &str| {
-        let head = format!(
-            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-             Accept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            body.len()
-        );
-        let answer = raw_exchange(&address, &head, body.as_bytes());
+        let answer = mcp_post(&address, body);
         let (head, body) = answer.split_once("\r\n\r\n").unwrap();
         (head.lines().next().unwrap().to_string(), body.to_string())
     };
@@ -689,8 +698,7 @@ fn a_malformed_mcp_message_gets_a_json_rpc_error() {
         "x".repeat(5000)
     ));
     assert!(status.contains(" 413 "), "{status}");
-    let initialize = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
-    let (status, answer) = post(initialize);
+    let (status, answer) = post(MCP_INITIALIZE);
     assert!(
         status.contains(" 200 ") && answer.contains("deltamem"),
         "{status} {answer}"
@@ -706,15 +714,7 @@ fn mcp_sessions_are_capped() {
     let (_dir, path) = bank(DIM as u32);
     let server = Server::start(&path, &[]);
     let address = server.address();
-    let initialize = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
-    let open = || {
-        let head = format!(
-            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-             Accept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            initialize.len()
-        );
-        raw_exchange(&address, &head, initialize.as_bytes())
-    };
+    let open = || mcp_post(&address, MCP_INITIALIZE);
     let session_of = |answer: &str| {
         answer.lines().find_map(|l| {
             l.to_ascii_lowercase()
