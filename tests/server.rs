@@ -368,6 +368,24 @@ fn every_error_status_names_the_problem() {
         );
     }
     server.fails("GET", "/v1/trees/nope/nodes", None, 404);
+    // Two items of one batch with one external id: the earlier one is
+    // named, not a node index nothing was stored at.
+    let twice = |text: &str| {
+        let mut n = node("task", json!("root"), text, &one_hot(2));
+        n["id"] = json!("dup");
+        n
+    };
+    let e = server.fails(
+        "POST",
+        "/v1/nodes/batch",
+        Some(&json!({"nodes": [twice("a"), twice("b")]}).to_string()),
+        400,
+    );
+    assert_eq!(e["field"], "nodes[1].id", "{e}");
+    assert!(
+        e["error"].as_str().unwrap().contains("twice in one write: item 0"),
+        "{e}"
+    );
     // An insert's unknown parent or tree names its field, in a batch too.
     let orphan = node("task", json!({"parent": 999}), "o", &one_hot(0));
     let nowhere = node("nope", json!("root"), "n", &one_hot(0));

@@ -48,6 +48,9 @@ pub enum BankError {
     BadExternalId { id: String, detail: String },
     #[error("external id {id:?} is already used by node {existing}")]
     DuplicateExternalId { id: String, existing: u32 },
+    /// Two nodes of one write (a batch, a load, an import) with one id.
+    #[error("external id {id:?} is given twice in one write: item {first_item} has it too")]
+    DuplicateInWrite { id: String, first_item: u32 },
     #[error("node {node} is already consolidated (into root {root})")]
     AlreadyConsolidated { node: u32, root: u32 },
     #[error("node {node} cannot be consolidated: {reason}")]

@@ -360,13 +360,14 @@ impl Bank {
             ..Txn::default()
         };
         let dim = self.manifest.dim_count as usize;
+        let first_index = self.node_count();
         for (position, change) in changes.iter().enumerate() {
             let embedding = column.map(|c| &c[position * dim..(position + 1) * dim]);
             if let Err(e) = self.stage(change, embedding, &mut txn) {
                 self.unstage(txn)?;
                 return Err(BankError::BatchItem {
                     position,
-                    error: Box::new(e),
+                    error: Box::new(within_write(e, first_index)),
                 });
             }
             staged(&mut self.overlay);
@@ -602,9 +603,10 @@ impl Bank {
         let key = external_key(content.external_id, content.id_flags);
         match pending.ids.insert(key, index) {
             None => Ok(()),
-            Some(existing) => Err(BankError::DuplicateExternalId {
+            // Not stored: an item checked earlier in the same write.
+            Some(earlier) => Err(BankError::DuplicateInWrite {
                 id: node.external_id.clone().unwrap_or_default(),
-                existing,
+                first_item: earlier.saturating_sub(self.node_count()),
             }),
         }
     }
@@ -865,6 +867,19 @@ fn apply_imported_state(row: &mut Row, state: &ImportedState) -> Result<(), Bank
         row.created_unix_ms = ms;
     }
     Ok(())
+}
+
+/// A stage error of a write whose nodes are numbered from `first_index`:
+/// an external id "already used" by one of them (staged, then undone) is
+/// named as the write's own item, not as a node that is not stored.
+fn within_write(e: BankError, first_index: u32) -> BankError {
+    match e {
+        BankError::DuplicateExternalId { id, existing } if existing >= first_index => BankError::DuplicateInWrite {
+            id,
+            first_item: existing - first_index,
+        },
+        e => e,
+    }
 }
 
 #[cfg(test)]

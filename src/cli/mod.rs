@@ -177,6 +177,7 @@ pub fn is_input_error(e: &BankError) -> bool {
             | BankError::PayloadTooLarge { .. }
             | BankError::BadExternalId { .. }
             | BankError::DuplicateExternalId { .. }
+            | BankError::DuplicateInWrite { .. }
             | BankError::BadConfig(_)
             | BankError::BadQueryOption(_)
     )

@@ -61,6 +61,7 @@ fn classify(e: &BankError, field: &str) -> (StatusCode, Option<String>) {
         | BankError::EmptyScenario
         | BankError::PayloadTooLarge { .. }
         | BankError::BadExternalId { .. }
+        | BankError::DuplicateInWrite { .. }
         | BankError::BadConfig(_)
         | BankError::BadQueryOption(_)
         | BankError::NotConsolidatable { .. }
@@ -87,7 +88,9 @@ fn field_of<'a>(e: &BankError, default: &'a str) -> &'a str {
         BankError::DimensionMismatch { .. } | BankError::BadEmbedding(_) => "embedding",
         BankError::EmptyScenario => "scenario",
         BankError::PayloadTooLarge { .. } => "payload",
-        BankError::BadExternalId { .. } | BankError::DuplicateExternalId { .. } => "id",
+        BankError::BadExternalId { .. }
+        | BankError::DuplicateExternalId { .. }
+        | BankError::DuplicateInWrite { .. } => "id",
         BankError::WrongTree { .. } | BankError::UnknownTree { .. } => "tree",
         BankError::BadQueryOption(m) if m.starts_with("tau") => "tau",
         BankError::BadQueryOption(m) if m.starts_with("eps") => "eps",
