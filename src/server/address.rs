@@ -61,12 +61,20 @@ impl fmt::Display for ListenAddr {
     }
 }
 
-/// A bound Unix socket: the file is removed when this is dropped, if it
-/// is still the one bound here (another server may have replaced it).
+/// A bound Unix socket: the file is removed when this is dropped (when
+/// the server stops accepting, as a TCP listener closes its port then), if
+/// it is still the one bound here (another server may have replaced it).
 pub struct UnixSocket {
-    pub listener: tokio::net::UnixListener,
+    listener: tokio::net::UnixListener,
     path: PathBuf,
     inode: u64,
+}
+
+impl super::listen::Accept for UnixSocket {
+    type Io = tokio::net::UnixStream;
+    async fn accept_io(&self) -> std::io::Result<Self::Io> {
+        self.listener.accept().await.map(|(stream, _)| stream)
+    }
 }
 
 impl Drop for UnixSocket {

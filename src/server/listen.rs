@@ -19,7 +19,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, UnixListener};
+use tokio::net::TcpListener;
 
 /// What the connection loop accepts connections from.
 pub trait Accept {
@@ -29,20 +29,6 @@ pub trait Accept {
 
 impl Accept for TcpListener {
     type Io = tokio::net::TcpStream;
-    async fn accept_io(&self) -> io::Result<Self::Io> {
-        self.accept().await.map(|(stream, _)| stream)
-    }
-}
-
-impl<T: Accept> Accept for &T {
-    type Io = T::Io;
-    fn accept_io(&self) -> impl Future<Output = io::Result<Self::Io>> {
-        (**self).accept_io()
-    }
-}
-
-impl Accept for UnixListener {
-    type Io = tokio::net::UnixStream;
     async fn accept_io(&self) -> io::Result<Self::Io> {
         self.accept().await.map(|(stream, _)| stream)
     }

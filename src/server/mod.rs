@@ -129,9 +129,8 @@ async fn run(config: ServeConfig, core: Arc<Core>, ready: impl FnOnce(&ListenAdd
             run_on(listener, ListenAddr::Tcp(bound), config, core, ready).await
         }
         ListenAddr::Unix(path) => {
-            // Dropped (the file removed) once the server has stopped.
             let socket = address::bind_unix(&path)?;
-            run_on(&socket.listener, ListenAddr::Unix(path), config, core, ready).await
+            run_on(socket, ListenAddr::Unix(path), config, core, ready).await
         }
     }
 }
