@@ -703,6 +703,12 @@ fn a_malformed_mcp_message_gets_a_json_rpc_error() {
         ("garbage", -32700, "null", "not JSON"),
         (r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#, -32600, "null", "batch"),
         (deep.as_str(), -32600, r#""d""#, "deeper than"),
+        (
+            r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":5}}"#,
+            -32602,
+            "8",
+            "bad params for tools/call",
+        ),
     ] {
         let (status, answer) = post(body);
         assert!(status.contains(" 400 "), "{body}: {status} {answer}");

@@ -120,6 +120,8 @@ where
 const INVALID_REQUEST: i32 = -32600;
 /// JSON-RPC's code for a request that is not JSON at all.
 const PARSE_ERROR: i32 = -32700;
+/// JSON-RPC's code for a known method given params it cannot take.
+const INVALID_PARAMS: i32 = -32602;
 
 /// Why a line of `line_bytes` bytes (of which `line` holds the first
 /// `limits.max_bytes`) is refused, if it is, with the JSON-RPC error code.
@@ -148,8 +150,9 @@ pub(super) fn refusal(line: &[u8], line_bytes: usize, limits: LineLimits) -> Opt
     // read without a word, or answers it with an error that has no id
     // (and over HTTP with a 415 in plain text), so the client's requests
     // would wait for answers that never come.
-    let Err(e) = serde_json::from_slice::<rmcp::model::ClientJsonRpcMessage>(line) else {
-        return None;
+    let e = match serde_json::from_slice::<rmcp::model::ClientJsonRpcMessage>(line) {
+        Ok(message) => return params_refusal(&message),
+        Err(e) => e,
     };
     use serde_json::error::Category;
     if matches!(e.classify(), Category::Syntax | Category::Eof | Category::Io) {
@@ -160,6 +163,34 @@ pub(super) fn refusal(line: &[u8], line_bytes: usize, limits: LineLimits) -> Opt
         return Some((INVALID_REQUEST, message.to_string()));
     }
     Some((INVALID_REQUEST, format!("not a JSON-RPC 2.0 message of MCP: {e}")))
+}
+
+/// A request for a method this server serves whose params rmcp cannot read
+/// as that method's: rmcp then takes it for a method of its own name and
+/// answers "method not found" (-32601) with only the name, which sends a
+/// client looking for a typo instead of at its params.
+fn params_refusal(message: &rmcp::model::ClientJsonRpcMessage) -> Option<(i32, String)> {
+    use rmcp::model::{
+        CallToolRequestMethod, CallToolRequestParams, ClientRequest, ConstString, InitializeRequestParams,
+        InitializeResultMethod, JsonRpcMessage,
+    };
+    let JsonRpcMessage::Request(request) = message else {
+        return None;
+    };
+    let ClientRequest::CustomRequest(custom) = &request.request else {
+        return None;
+    };
+    let params = custom.params.clone().unwrap_or(serde_json::Value::Null);
+    let method = custom.method.as_str();
+    let error = if method == CallToolRequestMethod::VALUE {
+        serde_json::from_value::<CallToolRequestParams>(params).err()
+    } else if method == InitializeResultMethod::VALUE {
+        serde_json::from_value::<InitializeRequestParams>(params).err()
+    } else {
+        return None;
+    };
+    let why = error.map_or_else(|| "they are not its own".to_string(), |e| e.to_string());
+    Some((INVALID_PARAMS, format!("bad params for {method}: {why}")))
 }
 
 /// The ids to answer a refused line with: of each whole JSON value on it
@@ -326,7 +357,7 @@ mod tests {
 
     #[test]
     fn lines_within_the_limits_reach_rmcp_and_others_are_answered_with_their_id() {
-        let good = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{"a":[1]}}}"#;
+        let good = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"a":[1]}}}"#;
         let deep = r#"{"jsonrpc":"2.0","id":"q7","params":{"arguments":{"a":[[1]]}}}"#;
         let long = format!(r#"{{"jsonrpc":"2.0","id":3,"params":"{}"}}"#, "x".repeat(300));
         let notification = r#"{"jsonrpc":"2.0","method":"m","params":{"a":[[[[1]]]]}}"#;
@@ -413,11 +444,27 @@ mod tests {
                 -32700,
                 vec!["4", "\"c\""],
             ),
+            (r#"{"jsonrpc":"2.0","id":20,"method":"tools/call","params":{"name":5}}"#, -32602, vec!["20"]),
+            (r#"{"jsonrpc":"2.0","id":21,"method":"tools/call"}"#, -32602, vec!["21"]),
+            (
+                r#"{"jsonrpc":"2.0","id":22,"method":"tools/call","params":{"name":"x","arguments":"y"}}"#,
+                -32602,
+                vec!["22"],
+            ),
+            (r#"{"jsonrpc":"2.0","id":23,"method":"initialize","params":{}}"#, -32602, vec!["23"]),
         ];
-        let good = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
-        let input: String = lines.iter().map(|(l, _, _)| format!("{l}\n")).collect::<String>() + good + "\n";
+        // Unknown methods and a well-formed call reach rmcp, which
+        // answers "method not found" or "unknown tool" itself.
+        let good = [
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":2,"method":"prompts/get","params":{"name":5}}"#,
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"x","arguments":{}}}"#,
+        ]
+        .map(|l| format!("{l}\n"))
+        .concat();
+        let input: String = lines.iter().map(|(l, _, _)| format!("{l}\n")).collect::<String>() + &good;
         let (forwarded, answers) = pump(input.as_bytes(), limits);
-        assert_eq!(forwarded, format!("{good}\n"));
+        assert_eq!(forwarded, good);
         let mut answers = answers.iter();
         for (line, code, ids) in lines {
             for id in ids {
