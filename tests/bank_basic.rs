@@ -543,6 +543,24 @@ fn compact_switches_generation_and_keeps_every_answer() {
     assert!(bank.verify().unwrap().is_ok());
 }
 
+/// A reader keeps the node set of its open while the writer compacts:
+/// the compact deletes the generation the reader opened, whose files the
+/// reader had not yet needed (nothing was read through it before).
+#[test]
+fn a_reader_opened_before_a_compact_still_answers_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut writer = populated(dir.path());
+    writer.checkpoint().unwrap();
+    let expected = all_answers(&writer);
+    let reader = open_read_only(dir.path());
+    assert_eq!(writer.compact().unwrap().generation, 1);
+    writer
+        .insert(node("task", Attach::Root, Label::Success, "later", unit(4, 3)))
+        .unwrap();
+    writer.checkpoint().unwrap();
+    assert_eq!(all_answers(&reader), expected);
+}
+
 fn open_read_only(path: &std::path::Path) -> Bank {
     Bank::open_dir(
         path,

@@ -1,6 +1,9 @@
 //! The checkpointed part of a bank: node-table and vector segments mapped
-//! on first use, payload records read on demand. Opening maps nothing and
-//! reads nothing here, so open cost does not grow with the node count.
+//! on first use, payload records read on demand. A writer's open maps
+//! nothing and reads nothing here, so its open cost does not grow with the
+//! node count; a reader maps its generation's files at open (`hold_files`),
+//! a few syscalls per segment, so that the writer's `compact` cannot delete
+//! them from under it.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -399,6 +402,22 @@ impl Base {
     /// `verify` of the rows only).
     pub fn table_unverified(&self, segment: u32) -> Result<Mapping, BankError> {
         self.part(segment, Part::Table)
+    }
+
+    /// Maps every segment file and opens the payload log now, for a
+    /// reader: the writer's `compact` deletes the generation the reader
+    /// opened, and a file first needed after that would be gone. A mapping
+    /// (or the open log) keeps the file's data until it is dropped. Best
+    /// effort: a file that cannot be mapped is left for its first use,
+    /// which reports the error (so `verify` still names each bad file).
+    pub fn hold_files(&self) {
+        let segment_count = self.segments.read().unwrap().len() as u32;
+        for segment in 0..segment_count {
+            let _ = self.part(segment, Part::Table);
+            let _ = self.part(segment, Part::Vectors);
+            let _ = self.quant_part(segment);
+        }
+        let _ = self.payload_handle();
     }
 
     /// One file of a segment, mapped on first use.

@@ -332,6 +332,9 @@ impl Bank {
         }
         let mut bank = Bank::assemble(storage.clone(), manifest, None);
         bank.base.retry_torn_rows = options.read_only;
+        if options.read_only {
+            bank.base.hold_files();
+        }
         if !stale {
             bank.replay(&wal_scan)?;
         }
