@@ -145,12 +145,19 @@ pub(crate) fn normalise(embedding: &[f32], dim_count: u32) -> Result<Vec<f32>, B
 /// As `normalise`, into `out` (replacing what it held): an insert reuses
 /// one buffer instead of allocating a vector per node.
 pub(crate) fn normalise_into(embedding: &[f32], dim_count: u32, out: &mut Vec<f32>) -> Result<(), BankError> {
-    let norm = checked_norm(embedding, dim_count)?;
+    // The caller's memory is read once, into `out`, and checked and scaled
+    // there: a binding may hand over a NumPy array that another thread of
+    // its program changes meanwhile, and a norm taken from one reading and
+    // applied to another stored vectors far from unit length, which
+    // `verify` then reports as damage.
+    out.clear();
+    out.extend_from_slice(embedding);
+    let norm = checked_norm(out, dim_count)?;
     // Scaled in f64 and rounded once to f32. A multiply by the reciprocal
     // instead of a division per component: 10x cheaper on the baseline
     // x86-64 target, and it differs from dividing only when a quotient
     // falls within ~2^-52 of an f32 rounding boundary (then by one ulp).
-    scale_into(embedding, 1.0 / norm, out);
+    scale_in_place(out, 1.0 / norm);
     Ok(())
 }
 
@@ -199,28 +206,28 @@ fn sum_of_squares_avx2(values: &[f32]) -> f64 {
     sum_of_squares_any(values)
 }
 
-/// `values` times `scale` in f64, each rounded once to f32, into `out`
-/// (replacing what it held).
-fn scale_into(values: &[f32], scale: f64, out: &mut Vec<f32>) {
-    out.clear();
+/// Each of `values` times `scale` in f64, rounded once to f32.
+fn scale_in_place(values: &mut [f32], scale: f64) {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 (checked just above).
-        unsafe { scale_into_avx2(values, scale, out) };
+        unsafe { scale_in_place_avx2(values, scale) };
         return;
     }
-    scale_into_any(values, scale, out);
+    scale_in_place_any(values, scale);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn scale_into_avx2(values: &[f32], scale: f64, out: &mut Vec<f32>) {
-    scale_into_any(values, scale, out);
+fn scale_in_place_avx2(values: &mut [f32], scale: f64) {
+    scale_in_place_any(values, scale);
 }
 
 #[inline(always)]
-fn scale_into_any(values: &[f32], scale: f64, out: &mut Vec<f32>) {
-    out.extend(values.iter().map(|x| (f64::from(*x) * scale) as f32));
+fn scale_in_place_any(values: &mut [f32], scale: f64) {
+    for x in values {
+        *x = (f64::from(*x) * scale) as f32;
+    }
 }
 
 /// Sum of squares in f64 with eight independent accumulators, so the
@@ -903,9 +910,9 @@ mod tests {
                 let sum = sum_of_squares(&v);
                 assert_eq!(sum.to_bits(), sum_of_squares_any(&v).to_bits(), "len {len}");
                 let scale = 1.0 / sum.sqrt().max(1e-300);
-                let (mut fast, mut plain) = (Vec::new(), Vec::new());
-                scale_into(&v, scale, &mut fast);
-                scale_into_any(&v, scale, &mut plain);
+                let (mut fast, mut plain) = (v.clone(), v.clone());
+                scale_in_place(&mut fast, scale);
+                scale_in_place_any(&mut plain, scale);
                 let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&fast), bits(&plain), "len {len}");
             }
