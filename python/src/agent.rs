@@ -221,6 +221,14 @@ fn onnx_embedder(py: Python<'_>, assets: Option<PathBuf>) -> PyResult<AnyEmbedde
         .map_err(|e| errors::make(py, Kind::Agent, e.to_string(), &Details::default()))
 }
 
+/// A positive, finite number of seconds.
+fn timeout(py: Python<'_>, seconds: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(seconds)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| errors::invalid(py, format!("timeout_s {seconds} is not a positive number of seconds")))
+}
+
 /// The built-in client from a dict of `LlmConfig` settings.
 fn http_chat(py: Python<'_>, settings: Option<&Bound<'_, PyDict>>) -> PyResult<AnyChat> {
     let bad = |e: LlmError| errors::invalid(py, e.to_string());
@@ -245,7 +253,7 @@ fn http_chat(py: Python<'_>, settings: Option<&Bound<'_, PyDict>>) -> PyResult<A
             "api_key" => config.api_key = value.extract()?,
             "temperature" => config.temperature = value.extract()?,
             "max_tokens" => config.max_tokens = value.extract()?,
-            "timeout_s" => config.read_timeout = Duration::from_secs_f64(value.extract()?),
+            "timeout_s" => config.read_timeout = timeout(py, value.extract()?)?,
             "max_attempts" => config.max_attempts = value.extract()?,
             other => return Err(errors::invalid(py, format!("unknown llm setting {other:?}"))),
         }
@@ -337,9 +345,7 @@ impl PyMemoryLoop {
     /// Searches both trees with the task and env texts; returns a dict like
     /// `deltamem retrieve` prints (context, task, env).
     fn retrieve<'py>(&self, py: Python<'py>, task: String, env: String) -> PyResult<Bound<'py, PyAny>> {
-        self.forget_raised();
-        let found = py.detach(|| self.lock().retrieve(&task, &env));
-        let found = found.map_err(|e| agent_error(py, e, &self.raised))?;
+        let found = self.run(py, |l| l.retrieve(&task, &env))?;
         to_python(py, &found)
     }
 
@@ -359,34 +365,84 @@ impl PyMemoryLoop {
             let r: deltamem::agent::Retrieval = from_python(py, r, "retrieval")?;
             episode = episode.with_retrieval(&r);
         }
-        self.forget_raised();
-        let outcome = py.detach(|| self.lock().record(&episode));
-        let outcome = outcome.map_err(|e| agent_error(py, e, &self.raised))?;
+        let outcome = self.run(py, |l| l.record(&episode))?;
         to_python(py, &outcome)
     }
 
     /// Distils every node of the two trees that is due for consolidation
     /// (a retry of those whose distillation failed during `record`).
     fn consolidate_due<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.forget_raised();
-        let outcomes = py.detach(|| self.lock().consolidate_due());
-        let outcomes = outcomes.map_err(|e| agent_error(py, e, &self.raised))?;
+        let outcomes = self.run(py, MemoryLoop::consolidate_due)?;
         to_python(py, &outcomes)
     }
 }
 
-impl PyMemoryLoop {
-    /// An exception a callable raised in an earlier call whose failure the
-    /// loop absorbed (a failed consolidation is reported, not raised) must
-    /// not become the cause of a later, unrelated error.
-    fn forget_raised(&self) {
-        self.raised.lock().unwrap_or_else(|p| p.into_inner()).take();
-    }
+thread_local! {
+    /// The address of the `MemoryLoop` this thread is running, if any: its
+    /// callables run on the same thread, and one that calls back into the
+    /// loop would wait forever for the lock this thread holds.
+    static RUNNING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, MemoryLoop> {
-        // A panic inside the loop leaves no half-done bank write behind
-        // (the bank's own rules), so the loop stays usable.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+/// Marks this thread as running a loop until dropped (a panic included).
+struct Running {
+    before: usize,
+}
+
+impl Running {
+    fn enter(address: usize) -> Running {
+        Running {
+            before: RUNNING.replace(address),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING.set(self.before);
+    }
+}
+
+impl PyMemoryLoop {
+    /// Runs `work` on the loop without the GIL, and turns its outcome into
+    /// Python's: an agent error (with the exception a callable raised as
+    /// its cause), or the callable's own exception if that was not an
+    /// `Exception` (Ctrl-C, `sys.exit`), which the loop's own error
+    /// handling must not swallow.
+    fn run<T: Send>(
+        &self,
+        py: Python<'_>,
+        work: impl FnOnce(&mut MemoryLoop) -> Result<T, AgentError> + Send,
+    ) -> PyResult<T> {
+        let address = self as *const PyMemoryLoop as usize;
+        if RUNNING.get() == address {
+            return Err(errors::invalid(
+                py,
+                "this MemoryLoop was called from inside one of its own embedder or llm callables",
+            ));
+        }
+        // An exception a callable raised in an earlier call whose failure the
+        // loop absorbed (a failed consolidation is reported, not raised) must
+        // not become the cause of a later, unrelated error.
+        self.raised.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let done = py.detach(|| {
+            // A panic inside the loop leaves no half-done bank write behind
+            // (the bank's own rules), so the loop stays usable.
+            let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let _running = Running::enter(address);
+            work(&mut inner)
+        });
+        let interrupt = {
+            let mut raised = self.raised.lock().unwrap_or_else(|p| p.into_inner());
+            let is_interrupt = raised
+                .as_ref()
+                .is_some_and(|e| !e.is_instance_of::<pyo3::exceptions::PyException>(py));
+            if is_interrupt { raised.take() } else { None }
+        };
+        if let Some(interrupt) = interrupt {
+            return Err(interrupt);
+        }
+        done.map_err(|e| agent_error(py, e, &self.raised))
     }
 }
 

@@ -6,15 +6,26 @@ use std::collections::BTreeMap;
 
 use deltamem::{Attach, Label, NewNode, NodeRef, Payload, SyncPolicy};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyInt, PyString};
+use pyo3::types::{PyBool, PyDict, PyInt, PyString};
 
 use crate::errors;
+
+/// Whether `obj` is an integer: an int or anything with `__index__` (the
+/// NumPy integers the binding itself returns ids as), but not a bool.
+fn is_integer(obj: &Bound<'_, PyAny>) -> bool {
+    !obj.is_instance_of::<PyBool>()
+        && (obj.is_instance_of::<PyInt>() || obj.hasattr("__index__").unwrap_or(false))
+}
 
 /// A node named by its index (an int) or its external id (a str).
 pub fn node_ref(obj: &Bound<'_, PyAny>) -> PyResult<NodeRef> {
     let py = obj.py();
-    if obj.is_instance_of::<PyInt>() {
-        return match obj.extract::<u32>() {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(errors::invalid(py, format!("node id {obj} is a bool, not an index")));
+    }
+    if is_integer(obj) {
+        let index = obj.call_method0("__index__").and_then(|i| i.extract::<u32>());
+        return match index {
             Ok(i) => Ok(NodeRef::Index(i)),
             Err(_) => Err(errors::invalid(py, format!("node id {obj} is not an index (0..2^32)"))),
         };
@@ -135,10 +146,17 @@ pub fn new_nodes(py: Python<'_>, a: &RowArgs<'_, '_>) -> PyResult<Vec<NewNode>> 
     if a.scenarios.is_none_or(|s| s.is_none()) && !a.default_scenarios {
         return Err(errors::invalid(py, "scenarios are required"));
     }
-    let scenarios = per_row(a.scenarios, a.rows, "scenarios", |_| false)?;
+    let scenarios = per_row(a.scenarios, a.rows, "scenarios", is_str)?;
     let payloads = per_row(a.payloads, a.rows, "payloads", |o| o.is_instance_of::<PyDict>())?;
     let labels = per_row(a.labels, a.rows, "labels", is_str)?;
-    let attaches = per_row(a.attach, a.rows, "attach", |o| is_str(o) || o.is_instance_of::<PyInt>())?;
+    let attaches = per_row(a.attach, a.rows, "attach", |o| is_str(o) || is_integer(o))?;
+    if a.external_ids.is_some_and(is_str) {
+        // Iterated, a str would give each row one of its characters.
+        return Err(errors::invalid(
+            py,
+            format!("external_ids must be a list of {} str (or None), not one str", a.rows),
+        ));
+    }
     let ids = per_row(a.external_ids, a.rows, "external_ids", |_| false)?;
     let mut out = Vec::with_capacity(a.rows);
     for row in 0..a.rows {
@@ -149,7 +167,11 @@ pub fn new_nodes(py: Python<'_>, a: &RowArgs<'_, '_>) -> PyResult<Vec<NewNode>> 
             None => format!("row {row}"),
         };
         let label = match &labels[row] {
-            Some(l) => label(py, &l.extract::<String>()?)?,
+            Some(l) => label(
+                py,
+                &l.extract::<String>()
+                    .map_err(|_| errors::invalid(py, format!("labels[{row}] is not a str")))?,
+            )?,
             None => Label::Success,
         };
         let attach = match &attaches[row] {

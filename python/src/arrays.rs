@@ -51,8 +51,10 @@ fn describe(array: &Bound<'_, PyUntypedArray>) -> String {
     format!("shape {:?}, dtype {dtype}", array.shape())
 }
 
-/// `array` as float32 C-contiguous: itself when it already is, else a
-/// converted copy (float dtypes only).
+/// `array` as float32, C-contiguous and aligned: itself when it already
+/// is, else a converted copy (float dtypes only). `ascontiguousarray`
+/// alone would pass an unaligned array (a buffer at an odd offset, a field
+/// of a packed record) through, which cannot be read as `&[f32]`.
 fn as_f32<'py>(array: &Bound<'py, PyUntypedArray>, what: &str) -> PyResult<Bound<'py, PyUntypedArray>> {
     let py = array.py();
     let dtype = array.dtype();
@@ -72,7 +74,8 @@ fn as_f32<'py>(array: &Bound<'py, PyUntypedArray>, what: &str) -> PyResult<Bound
     let numpy = py.import("numpy")?;
     let kwargs = PyDict::new(py);
     kwargs.set_item("dtype", numpy.getattr("float32")?)?;
-    let converted = numpy.call_method("ascontiguousarray", (array,), Some(&kwargs))?;
+    kwargs.set_item("requirements", "CA")?;
+    let converted = numpy.call_method("require", (array,), Some(&kwargs))?;
     Ok(converted.cast_into::<PyUntypedArray>()?)
 }
 

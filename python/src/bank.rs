@@ -122,6 +122,9 @@ fn tree_specs(trees: &Bound<'_, PyAny>) -> PyResult<Vec<TreeSpec>> {
     Ok(out)
 }
 
+/// Most cells of `query_batch`'s [m, k] answer (12 bytes each: ~3 GiB).
+const MAX_BATCH_RESULTS: usize = 1 << 28;
+
 fn query_options(
     py: Python<'_>,
     k: usize,
@@ -473,6 +476,16 @@ impl PyBank {
         let matrix = arrays::matrix(queries, self.dim, "queries")?;
         let options = query_options(py, k, tau, eps, include_consolidated)?;
         let (values, dim, m) = (matrix.values(), self.dim as usize, matrix.rows());
+        // The answer is two [m, k] arrays: refused before the scan when
+        // they could not be allocated, rather than aborting the process.
+        if m.checked_mul(k).is_none_or(|cells| cells > MAX_BATCH_RESULTS) {
+            return Err(errors::invalid(
+                py,
+                format!(
+                    "query_batch: {m} queries x k = {k} is over {MAX_BATCH_RESULTS} results; ask for a smaller k"
+                ),
+            ));
+        }
         let answers = self.read(py, |b| {
             let rows: Vec<&[f32]> = values.chunks_exact(dim.max(1)).collect();
             Ok(b.query_batch(tree, &rows, &options)?)

@@ -100,11 +100,18 @@ fn classify(e: &BankError, details: &mut Details) -> Kind {
             details.errno = cause.raw_os_error();
             Kind::Io
         }
+        BankError::WalDamaged { file, offset_bytes, .. } => {
+            details.file = Some(file.clone());
+            details.offset_bytes = Some(*offset_bytes);
+            Kind::Corrupt
+        }
         BankError::ManifestMissing { path, .. } => {
             details.file = Some(format!("{path}MANIFEST"));
             details.offset_bytes = Some(0);
             Kind::Corrupt
         }
+        // The stored tree contradicts itself: damage, not the caller's input.
+        BankError::Tree(_) => Kind::Corrupt,
         BankError::NotABank { .. } | BankError::UnknownTree { .. } | BankError::UnknownNode(_) => Kind::NotFound,
         BankError::ReadOnly(_) => Kind::ReadOnly,
         BankError::Poisoned(_) => Kind::Poisoned,
@@ -112,7 +119,23 @@ fn classify(e: &BankError, details: &mut Details) -> Kind {
             details.position = Some(*position);
             classify(error, details)
         }
-        _ => Kind::Invalid,
+        // Listed one by one, so that a new error is classified when it is
+        // added rather than taken for bad input by default.
+        BankError::AlreadyExists { .. }
+        | BankError::BadConfig(_)
+        | BankError::BadQueryOption(_)
+        | BankError::DimensionMismatch { .. }
+        | BankError::BadEmbedding(_)
+        | BankError::WrongTree { .. }
+        | BankError::EmptyScenario
+        | BankError::PayloadTooLarge { .. }
+        | BankError::BadExternalId { .. }
+        | BankError::DuplicateExternalId { .. }
+        | BankError::DuplicateInWrite { .. }
+        | BankError::AlreadyConsolidated { .. }
+        | BankError::NotConsolidatable { .. }
+        | BankError::TransactionTooLarge { .. }
+        | BankError::NotLoadable { .. } => Kind::Invalid,
     }
 }
 
