@@ -224,6 +224,28 @@ fn batch_and_none_ack_every_line_in_order() {
     }
 }
 
+/// The checkpoint at the end of `insert` fails (a directory in the way of
+/// MANIFEST.tmp) after every line was made durable: the acks are printed
+/// and the exit status is 3, "saved, do not repeat". It was 1, and a
+/// caller that retries on failure stored every line twice.
+#[test]
+fn insert_saved_before_a_failed_checkpoint_exits_3_with_every_ack() {
+    for sync in ["always", "batch", "none"] {
+        let (_dir, b) = bank(&[]);
+        let blocker = b.join("MANIFEST.tmp");
+        std::fs::create_dir_all(blocker.join("in-the-way")).unwrap();
+        let lines: Vec<String> = (0..5)
+            .map(|i| task(json!("root"), &format!("n{i}"), &[1.0, i as f32, 0.0, 0.0]))
+            .collect();
+        let run = deltamem(&["insert", s(&b), "--sync", sync], &lines.join("\n"));
+        assert_eq!(run.code, 3, "sync {sync}: {}", run.stderr);
+        assert!(run.stderr.contains("do not repeat"), "{}", run.stderr);
+        assert_eq!(pluck(&run.lines(), "id"), (0..5).collect::<Vec<_>>(), "sync {sync}");
+        std::fs::remove_dir_all(&blocker).unwrap();
+        assert_eq!(ok(&["dump", s(&b)], "").lines().len(), 5, "sync {sync}");
+    }
+}
+
 #[test]
 fn batch_acks_arrive_while_stdin_is_idle() {
     let (_dir, b) = bank(&[]);

@@ -162,16 +162,25 @@ pub fn run(path: &Path, sync: SyncArg, quiet: bool) -> anyhow::Result<Status> {
         stored: 0,
         rejected: 0,
     };
-    let outcome = session.run(&mut bank, &events);
-    // Close even after a fatal error: if the bank is still healthy this
-    // checkpoints every stored line; if it is poisoned, close leaves the
-    // disk alone and the acks still queued are never printed.
-    let closed = super::close(bank, path);
-    outcome?;
-    closed?;
+    if let Err(e) = session.run(&mut bank, &events) {
+        // Close even after a fatal error: if the bank is still healthy this
+        // checkpoints every stored line; if it is poisoned, close leaves the
+        // disk alone and the acks still queued are never printed.
+        let _ = bank.close();
+        return Err(e);
+    }
+    // Every stored line was committed: a checkpoint that fails after they
+    // are durable does not unsay them (exit 3, "saved, do not repeat"),
+    // or a caller that retries on failure would store every line twice.
+    let closed = bank
+        .close_after_commits()
+        .with_context(|| format!("cannot close {} cleanly", path.display()))?;
     session.flush_all()?;
     if !quiet {
         eprintln!("deltamem: {} stored, {} rejected", session.stored, session.rejected);
+    }
+    if let Some(why) = closed {
+        return Ok(super::saved_checkpoint_failed(path, &why));
     }
     if session.rejected > 0 {
         return Ok(Status::Failed);
