@@ -561,6 +561,40 @@ fn a_reader_opened_before_a_compact_still_answers_after_it() {
     assert_eq!(all_answers(&reader), expected);
 }
 
+/// A MANIFEST put back from an earlier state, beside a WAL that holds
+/// records after the manifest's own checkpoint and one more: the WAL is
+/// newer than the manifest. It was taken for a stale WAL, its records were
+/// ignored by readers and `verify`, and the next writer truncated them.
+#[test]
+fn a_wal_newer_than_the_manifest_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bank = populated(dir.path());
+    bank.checkpoint().unwrap();
+    let old_manifest = std::fs::read(dir.path().join("MANIFEST")).unwrap();
+    bank.insert(node("task", Attach::Root, Label::Success, "x", unit(4, 1)))
+        .unwrap();
+    bank.checkpoint().unwrap();
+    for i in 0..3 {
+        bank.insert(node("task", Attach::Root, Label::Success, "in the WAL", unit(4, i)))
+            .unwrap();
+    }
+    drop(bank); // as a crash: the last three are in the WAL only
+    std::fs::write(dir.path().join("MANIFEST"), old_manifest).unwrap();
+    let wal = std::fs::read(dir.path().join("wal.log")).unwrap();
+    for read_only in [false, true] {
+        let options = OpenOptions {
+            read_only,
+            ..Default::default()
+        };
+        let err = Bank::open_dir(dir.path(), options).err().expect("refused").to_string();
+        assert!(
+            err.contains("wal.log") && err.contains("not of one bank state"),
+            "{err}"
+        );
+    }
+    assert_eq!(std::fs::read(dir.path().join("wal.log")).unwrap(), wal);
+}
+
 fn open_read_only(path: &std::path::Path) -> Bank {
     Bank::open_dir(
         path,

@@ -324,6 +324,7 @@ impl Bank {
             )));
         }
         let stale = wal_scan.header.salt != manifest.wal_salt;
+        check_wal_start(storage.as_ref(), &manifest, &wal_scan, lock.is_some())?;
         let damage = if stale { None } else { wal_scan.damage.clone() };
         if let Some(d) = &damage
             && !(drop_damaged && lock.is_some())
@@ -419,6 +420,38 @@ fn read_consistent_state(storage: &dyn Storage, read_only: bool) -> Result<(Mani
             return Ok((manifest, wal_scan));
         }
     }
+}
+
+/// Refuses a WAL whose first LSN contradicts the manifest. A checkpoint
+/// writes its manifest, then a WAL (of the manifest's salt) that starts
+/// right after the checkpoint's LSN, so a WAL of the manifest's salt starts
+/// exactly there, and a stale one (a crash between the two) starts at or
+/// before it. A WAL that starts later is newer than the manifest (an older
+/// MANIFEST put back over the bank): treated as stale, its acknowledged
+/// records would be ignored, and the next writer would truncate them.
+/// A reader may have caught a checkpoint between the two files: the
+/// refusal is made only if the manifest is still the one it read.
+fn check_wal_start(
+    storage: &dyn Storage,
+    manifest: &Manifest,
+    wal_scan: &WalScan,
+    locked: bool,
+) -> Result<(), BankError> {
+    let (start, expected) = (wal_scan.header.start_lsn, manifest.checkpoint_lsn + 1);
+    let stale = wal_scan.header.salt != manifest.wal_salt;
+    let contradicts = if stale { start > expected } else { start != expected };
+    if !contradicts || (!locked && read_manifest(storage)?.sequence != manifest.sequence) {
+        return Ok(());
+    }
+    Err(BankError::Corrupt {
+        file: storage.describe(WAL_FILE),
+        offset_bytes: 0,
+        detail: format!(
+            "the WAL starts at LSN {start}, but the MANIFEST's checkpoint ends at LSN {} (so it should start at {expected}{}): the two files are not of one bank state",
+            manifest.checkpoint_lsn,
+            if stale { " or before" } else { "" },
+        ),
+    })
 }
 
 /// Refuses a directory without a MANIFEST that holds what only a bank
