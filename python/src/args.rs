@@ -13,8 +13,7 @@ use crate::errors;
 /// Whether `obj` is an integer: an int or anything with `__index__` (the
 /// NumPy integers the binding itself returns ids as), but not a bool.
 fn is_integer(obj: &Bound<'_, PyAny>) -> bool {
-    !obj.is_instance_of::<PyBool>()
-        && (obj.is_instance_of::<PyInt>() || obj.hasattr("__index__").unwrap_or(false))
+    !obj.is_instance_of::<PyBool>() && (obj.is_instance_of::<PyInt>() || obj.hasattr("__index__").unwrap_or(false))
 }
 
 /// A node named by its index (an int) or its external id (a str).

@@ -481,9 +481,7 @@ impl PyBank {
         if m.checked_mul(k).is_none_or(|cells| cells > MAX_BATCH_RESULTS) {
             return Err(errors::invalid(
                 py,
-                format!(
-                    "query_batch: {m} queries x k = {k} is over {MAX_BATCH_RESULTS} results; ask for a smaller k"
-                ),
+                format!("query_batch: {m} queries x k = {k} is over {MAX_BATCH_RESULTS} results; ask for a smaller k"),
             ));
         }
         let answers = self.read(py, |b| {

@@ -444,14 +444,22 @@ mod tests {
                 -32700,
                 vec!["4", "\"c\""],
             ),
-            (r#"{"jsonrpc":"2.0","id":20,"method":"tools/call","params":{"name":5}}"#, -32602, vec!["20"]),
+            (
+                r#"{"jsonrpc":"2.0","id":20,"method":"tools/call","params":{"name":5}}"#,
+                -32602,
+                vec!["20"],
+            ),
             (r#"{"jsonrpc":"2.0","id":21,"method":"tools/call"}"#, -32602, vec!["21"]),
             (
                 r#"{"jsonrpc":"2.0","id":22,"method":"tools/call","params":{"name":"x","arguments":"y"}}"#,
                 -32602,
                 vec!["22"],
             ),
-            (r#"{"jsonrpc":"2.0","id":23,"method":"initialize","params":{}}"#, -32602, vec!["23"]),
+            (
+                r#"{"jsonrpc":"2.0","id":23,"method":"initialize","params":{}}"#,
+                -32602,
+                vec!["23"],
+            ),
         ];
         // Unknown methods and a well-formed call reach rmcp, which
         // answers "method not found" or "unknown tool" itself.
