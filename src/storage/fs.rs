@@ -224,6 +224,24 @@ fn direct_aligned(buf: &[u8], offset_bytes: u64) -> bool {
         && buf.len().is_multiple_of(align)
 }
 
+/// Opens `path` with `opts` if it is a regular file. Anything else in a
+/// bank's place is refused rather than used: opening a FIFO for reading
+/// waits for a writer forever, and a device would be read as data. The
+/// open does not wait (`O_NONBLOCK`, which changes nothing for a regular
+/// file's reads and writes), so a FIFO is seen and refused.
+fn open_regular(opts: &mut OpenOptions, path: &Path) -> io::Result<File> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = opts.open(path)?;
+    if !file.metadata()?.file_type().is_file() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
+    }
+    Ok(file)
+}
+
 /// The file at `path` opened a second time for direct writes, or None
 /// where the file system has no `O_DIRECT` (tmpfs, some FUSE ones).
 #[cfg(target_os = "linux")]
@@ -250,7 +268,7 @@ impl Storage for FileStorage {
             OpenMode::Create | OpenMode::CreateUncached => opts.read(true).write(true).create(true),
         };
         let path = self.dir.join(name);
-        let file = opts.open(&path)?;
+        let file = open_regular(&mut opts, &path)?;
         let direct = match mode {
             OpenMode::CreateUncached => open_direct(&path),
             _ => None,
