@@ -241,12 +241,16 @@ fn run(cli: Cli) -> anyhow::Result<Status> {
             tree,
             embeddings,
             embeddings_npy,
-        } => cli::inspect::dump(&bank, tree.as_deref(), embeddings, embeddings_npy.as_deref(), quiet),
+        } => {
+            cli::refuse_output_in_bank(&bank, embeddings_npy.as_deref())?;
+            cli::inspect::dump(&bank, tree.as_deref(), embeddings, embeddings_npy.as_deref(), quiet)
+        }
         Command::Chain { bank, id, render } => cli::inspect::chain(&bank, &id, render),
         Command::Hit { bank, id } => cli::update::hit(&bank, &id),
         Command::Consolidate { bank, id, payload } => cli::update::consolidate(&bank, &id, &payload),
         Command::Due { bank, tree } => cli::inspect::due(&bank, tree.as_deref()),
         Command::Stats { bank, json, deep, plot } => {
+            cli::refuse_output_in_bank(&bank, plot.as_deref())?;
             let args = cli::report::StatsArgs {
                 json,
                 deep,
@@ -273,7 +277,10 @@ fn run(cli: Cli) -> anyhow::Result<Status> {
             format,
             out,
             max_label,
-        } => cli::picture::run_draw(&bank, &tree, format, out.as_deref(), usize::from(max_label)),
+        } => {
+            cli::refuse_output_in_bank(&bank, out.as_deref())?;
+            cli::picture::run_draw(&bank, &tree, format, out.as_deref(), usize::from(max_label))
+        }
         Command::Embed(args) => cli::agent::embed(&args),
         Command::Retrieve(args) => cli::agent::retrieve(&args),
         Command::Record(args) => cli::agent::record(&args),

@@ -44,12 +44,8 @@ pub fn run(args: &ExportArgs, quiet: bool) -> anyhow::Result<Status> {
     let bank = super::open_read(&args.bank)?;
     // An unknown tree is reported before any output file is created.
     bank.tree_index(&args.tree)?;
+    super::refuse_output_in_bank(&args.bank, args.out.as_deref())?;
     let report = match &args.out {
-        Some(path) if in_directory(&args.bank, path) => anyhow::bail!(
-            "refusing to write {} into the bank directory {}: it would replace the bank's own files",
-            path.display(),
-            args.bank.display()
-        ),
         Some(path) => export_to_file(&bank, args, path)?,
         None => {
             let mut out = super::stdout();
@@ -74,17 +70,4 @@ fn export_to_file(bank: &deltamem::Bank, args: &ExportArgs, path: &Path) -> anyh
         Ok(())
     })?;
     report.context("export wrote nothing")
-}
-
-/// Whether `file` would be created directly inside directory `dir` (both
-/// resolved, so `bank/../bank/MANIFEST` and symlinks count).
-fn in_directory(dir: &Path, file: &Path) -> bool {
-    let parent = match file.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    match (parent.canonicalize(), dir.canonicalize()) {
-        (Ok(parent), Ok(dir)) => parent == dir,
-        _ => false,
-    }
 }
