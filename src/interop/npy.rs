@@ -110,7 +110,8 @@ fn shape_guard(path: &Path, header: &str) -> Result<(), InteropError> {
         return Ok(());
     };
     let rest = &header[at..];
-    let (Some(open), Some(close)) = (rest.find('('), rest.find(')')) else {
+    // A tuple by the format's rule, but a list is read too.
+    let (Some(open), Some(close)) = (rest.find(['(', '[']), rest.find([')', ']'])) else {
         return Ok(());
     };
     let mut product: u64 = 1;
@@ -189,7 +190,10 @@ impl NpyRowReader {
             .map_err(|e| InteropError::invalid(path, format!("bad .npy header: {e}")))?;
         let (element, descr, big_endian) = element_of(path, &npy.dtype())?;
         let (row_count, dim_count) = matrix_shape(path, npy.shape(), npy.order())?;
-        let need_bytes = row_count * dim_count as u64 * element.size_bytes();
+        let need_bytes = row_count
+            .checked_mul(dim_count as u64)
+            .and_then(|n| n.checked_mul(element.size_bytes()))
+            .ok_or_else(|| InteropError::invalid(path, "shape is impossibly large"))?;
         let have_bytes = meta.len().saturating_sub(prefix.len() as u64);
         if meta.is_file() && have_bytes != need_bytes {
             return Err(InteropError::invalid(
