@@ -246,6 +246,90 @@ fn insert_saved_before_a_failed_checkpoint_exits_3_with_every_ack() {
     }
 }
 
+/// A bank file replaced by a FIFO is refused by name: opening it to read
+/// waited for a writer forever, and every command hung.
+#[test]
+fn a_fifo_in_place_of_a_bank_file_is_refused_not_waited_on() {
+    for file in ["nodes-000000.seg", "wal.log", "MANIFEST", "payloads.log"] {
+        let (_dir, b) = bank(&[]);
+        insert(&b, &[task(json!("root"), "a", &[1.0, 0.0, 0.0, 0.0])]);
+        std::fs::remove_file(b.join(file)).unwrap();
+        let made = Command::new("mkfifo").arg(b.join(file)).status().unwrap();
+        assert!(made.success());
+        for command in ["verify", "dump"] {
+            let mut child = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+                .args([command, s(&b)])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let started = std::time::Instant::now();
+            while child.try_wait().unwrap().is_none() {
+                if started.elapsed() > std::time::Duration::from_secs(20) {
+                    child.kill().unwrap();
+                    panic!("{command} waits on a FIFO at {file}");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let out = child.wait_with_output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{command} with a FIFO at {file}");
+            assert!(
+                stderr.contains(file) && stderr.contains("not a regular file"),
+                "{command}, {file}: {stderr}"
+            );
+        }
+    }
+}
+
+/// A read-only command's output file inside the bank directory is refused
+/// before anything is written: `dump --embeddings-npy BANK/MANIFEST` left
+/// a bank that no longer opened.
+#[test]
+fn an_output_file_inside_the_bank_is_refused() {
+    let (_dir, b) = bank(&[]);
+    insert(&b, &[task(json!("root"), "a", &[1.0, 0.0, 0.0, 0.0])]);
+    let before: Vec<(String, Vec<u8>)> = ["MANIFEST", "wal.log"]
+        .iter()
+        .map(|f| (f.to_string(), std::fs::read(b.join(f)).unwrap()))
+        .collect();
+    let through_parent = b.join("..").join("bank").join("MANIFEST");
+    let cases: [Vec<&str>; 5] = [
+        vec!["dump", s(&b), "--embeddings-npy", s(&through_parent)],
+        vec!["stats", s(&b), "--plot", s(&through_parent)],
+        vec!["draw", s(&b), "--tree", "task", "--out", "MANIFEST"],
+        vec![
+            "export",
+            s(&b),
+            "--tree",
+            "task",
+            "--format",
+            "jsonl",
+            "--out",
+            "wal.log",
+        ],
+        vec!["dump", s(&b), "--embeddings-npy", "new.npy"],
+    ];
+    for args in cases {
+        // Relative names are resolved from the bank directory itself.
+        let out = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+            .args(&args)
+            .current_dir(&b)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains("refusing to write"),
+            "{args:?}: {stderr}"
+        );
+    }
+    for (file, bytes) in before {
+        assert_eq!(std::fs::read(b.join(&file)).unwrap(), bytes, "{file} changed");
+    }
+    assert!(!b.join("new.npy").exists());
+    ok(&["verify", s(&b)], "");
+}
+
 #[test]
 fn batch_acks_arrive_while_stdin_is_idle() {
     let (_dir, b) = bank(&[]);

@@ -405,6 +405,25 @@ fn mismatched_inputs_are_refused_before_writing() {
     .unwrap();
     let run = import_npy(&bank, &junk, &[]);
     assert!(run.code == 1 && run.stderr.contains(s(&junk)), "{}", run.stderr);
+    // A shape written as a list, whose byte count wraps around u64: it got
+    // past the size check and failed later as "read failed".
+    let wraps = dir.path().join("wraps.npy");
+    let mut header = String::from("{'descr': '<f4', 'fortran_order': False, 'shape': [4611686018427387905, 8], }");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(&[0u8; 32]);
+    std::fs::write(&wraps, bytes).unwrap();
+    let run = import_npy(&bank, &wraps, &[]);
+    assert!(
+        run.code == 1 && run.stderr.contains(s(&wraps)) && run.stderr.contains("impossibly large"),
+        "{}",
+        run.stderr
+    );
     assert_eq!(ok(&["stats", s(&bank), "--json"]).json()["nodes"], 0);
 }
 
