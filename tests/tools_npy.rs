@@ -427,6 +427,38 @@ fn mismatched_inputs_are_refused_before_writing() {
     assert_eq!(ok(&["stats", s(&bank), "--json"]).json()["nodes"], 0);
 }
 
+/// A stream that is not a .npy file is refused from its first bytes: the
+/// import copied the whole stream to a temporary file first, so
+/// `--npy /dev/zero` filled the disk before it said "no magic".
+#[test]
+fn a_stream_without_the_npy_magic_is_refused_before_it_is_copied() {
+    let (_dir, bank) = bank(4, &[]);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_deltamem"))
+        .args(["import", s(&bank), "--tree", "task", "--npy", "/dev/stdin"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    // 64 MiB of zeros: all of it is read only if the stream is copied.
+    let writer = std::thread::spawn(move || {
+        let block = vec![0u8; 1 << 20];
+        (0..64)
+            .take_while(|_| std::io::Write::write_all(&mut input, &block).is_ok())
+            .count()
+    });
+    let out = child.wait_with_output().unwrap();
+    let blocks_written = writer.join().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(1) && stderr.contains("before copying"),
+        "{stderr}"
+    );
+    assert!(blocks_written < 64, "the whole stream was read ({blocks_written} MiB)");
+    assert_eq!(ok(&["stats", s(&bank), "--json"]).json()["nodes"], 0);
+}
+
 #[test]
 fn npy_queries_answer_like_stdin_queries_on_any_thread_count() {
     let (dir, bank) = bank(8, &[]);

@@ -21,7 +21,7 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{BufReader, Write};
+use std::io::{BufReader, Read, Write};
 use std::path::Path;
 
 use anyhow::Context;
@@ -635,25 +635,41 @@ fn import_rows(args: &ImportArgs, npy: &Path, quiet: bool, bank: &mut Bank) -> a
 /// pipe or process substitution (readable once) a temporary copy made by
 /// reading it once. The import reads its inputs twice (the check before
 /// anything is written, then the rows) and counts the META lines first.
-fn rereadable(path: &Path) -> anyhow::Result<Option<tempfile::TempPath>> {
+/// A stream that must begin with `magic` is refused before anything is
+/// copied if it does not: a copy of `/dev/zero` would fill the disk.
+fn rereadable(path: &Path, magic: Option<&[u8]>) -> anyhow::Result<Option<tempfile::TempPath>> {
     let meta = std::fs::metadata(path).with_context(|| format!("cannot open {}", path.display()))?;
     if meta.is_file() {
         return Ok(None);
     }
     let mut input = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut head = Vec::new();
+    if let Some(magic) = magic {
+        (&mut input)
+            .take(magic.len() as u64)
+            .read_to_end(&mut head)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        if head != magic {
+            anyhow::bail!(
+                "{}: not a .npy file: no \\x93NUMPY magic (checked before copying the stream)",
+                path.display()
+            );
+        }
+    }
     // Messages name the copy: its name says what it is a copy of.
     let name = path.file_name().map_or("input".into(), |n| n.to_string_lossy());
     let mut copy = tempfile::Builder::new()
         .prefix(&format!("deltamem-copy-of-{name}-"))
         .tempfile()
         .context("cannot create a temporary file")?;
+    copy.write_all(&head).context("cannot write a temporary file")?;
     std::io::copy(&mut input, &mut copy).with_context(|| format!("cannot read {}", path.display()))?;
     Ok(Some(copy.into_temp_path()))
 }
 
 pub fn run(args: &ImportArgs, npy: &Path, quiet: bool) -> anyhow::Result<Status> {
-    let npy_copy = rereadable(npy)?;
-    let meta_copy = args.meta.as_deref().map(rereadable).transpose()?.flatten();
+    let npy_copy = rereadable(npy, Some(b"\x93NUMPY"))?;
+    let meta_copy = args.meta.as_deref().map(|m| rereadable(m, None)).transpose()?.flatten();
     let local;
     let args = match &meta_copy {
         Some(copy) => {
