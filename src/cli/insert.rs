@@ -151,10 +151,7 @@ impl<W: Write> Session<W> {
 }
 
 pub fn run(path: &Path, sync: SyncArg, quiet: bool) -> anyhow::Result<Status> {
-    let mut bank = super::open_write(path)?;
     let policy = sync.policy();
-    bank.set_sync_policy(policy);
-    let events = input::spawn_stdin_reader();
     let mut session = Session {
         out: super::stdout(),
         policy,
@@ -162,25 +159,22 @@ pub fn run(path: &Path, sync: SyncArg, quiet: bool) -> anyhow::Result<Status> {
         stored: 0,
         rejected: 0,
     };
-    if let Err(e) = session.run(&mut bank, &events) {
-        // Close even after a fatal error: if the bank is still healthy this
-        // checkpoints every stored line; if it is poisoned, close leaves the
-        // disk alone and the acks still queued are never printed.
-        let _ = bank.close();
-        return Err(e);
-    }
-    // Every stored line was committed: a checkpoint that fails after they
-    // are durable does not unsay them (exit 3, "saved, do not repeat"),
-    // or a caller that retries on failure would store every line twice.
-    let closed = bank
-        .close_after_commits()
-        .with_context(|| format!("cannot close {} cleanly", path.display()))?;
+    // After a fatal error the bank is closed (if it is poisoned, close
+    // leaves the disk alone and the acks still queued are never printed).
+    // Once every stored line was committed, a checkpoint that fails after
+    // they are durable does not unsay them: exit 3, "saved, do not
+    // repeat", or a caller that retries on failure would store every line
+    // twice.
+    let ((), closed) = super::with_writer(path, Some(policy), |bank| {
+        let events = input::spawn_stdin_reader();
+        session.run(bank, &events)
+    })?;
     session.flush_all()?;
     if !quiet {
         eprintln!("deltamem: {} stored, {} rejected", session.stored, session.rejected);
     }
-    if let Some(why) = closed {
-        return Ok(super::saved_checkpoint_failed(path, &why));
+    if closed != Status::Ok {
+        return Ok(closed);
     }
     if session.rejected > 0 {
         return Ok(Status::Failed);
