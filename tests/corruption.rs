@@ -229,12 +229,21 @@ fn a_crc_valid_row_with_an_out_of_range_field_is_corrupt_never_a_panic() {
     use deltamem::format::row::Row;
     type Forge = fn(&mut Row);
     // Node 5 is a residual at depth 2 under node 3, in tree 0 of 2; D_max 5.
-    let forges: [(&str, Forge); 5] = [
+    // Its external id is "ext-5".
+    let forges: [(&str, Forge); 9] = [
         ("tree past tree_count", |r| r.tree = 2),
         ("depth 0", |r| r.depth = 0),
         ("depth past D_max", |r| r.depth = 6),
         ("parent is itself", |r| r.parent = r.index),
         ("parent after itself", |r| r.parent = r.index + 3),
+        ("external id not UTF-8", |r| {
+            r.external_id[..2].copy_from_slice(b"\xff\xfe")
+        }),
+        ("external id with a NUL inside", |r| r.external_id[1] = 0),
+        ("external id bytes without the flag", |r| {
+            r.flags &= !deltamem::format::row::FLAG_HAS_EXTERNAL_ID
+        }),
+        ("empty external id", |r| r.external_id = [0; 16]),
     ];
     let read_only = OpenOptions {
         read_only: true,
@@ -334,5 +343,65 @@ fn a_damaged_vector_fails_only_the_reads_of_it_and_never_the_open() {
             "{:?}",
             report.problems
         );
+    }
+}
+
+/// Two rows with one external id (each row well-formed, with a fresh
+/// checksum): `verify` names the later row's id field once, and a lookup
+/// by id is an error, not a guess between the two nodes.
+#[test]
+fn a_duplicated_external_id_is_reported_and_never_resolved() {
+    let (storage, _) = build();
+    let (name, at) = forge_row(&storage, 5, |r| r.external_id[4] = b'4'); // "ext-5" -> "ext-4"
+    for read_only in [true, false] {
+        let options = OpenOptions {
+            read_only,
+            ..Default::default()
+        };
+        let bank = Bank::open(Arc::new(storage.clone()), options).unwrap();
+        let report = bank.verify().unwrap();
+        let id_field = (at + deltamem::format::row::ROW_EXTERNAL_ID_OFFSET) as u64;
+        assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+        let problem = &report.problems[0];
+        assert!(
+            problem.file.ends_with(&name) && problem.offset_bytes == id_field,
+            "{problem:?}"
+        );
+        assert!(
+            problem.detail.contains("node 5") && problem.detail.contains("node 4"),
+            "{problem:?}"
+        );
+        let e = bank
+            .resolve(&NodeRef::External("ext-4".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&name) && e.contains("ext-4"), "{e}");
+        assert_eq!(bank.row(4).unwrap().external_id_text().as_deref(), Some("ext-4"));
+    }
+}
+
+/// A row whose checksum fails is one problem, not also a "payload not
+/// contiguous" complaint about the row after it (in its segment or the
+/// next). Rows 5 (mid-segment), 7 (a segment's last) and 8 (a segment's
+/// first) have no children and no links pointing at them.
+#[test]
+fn a_torn_row_is_reported_once() {
+    for index in [5u32, 7, 8] {
+        let (storage, _) = build();
+        let name = format!("nodes-{:06}.seg", index / 4);
+        let mut bytes = storage.file_bytes(&name).unwrap();
+        let at = (index % 4) as usize * ROW_SIZE_BYTES;
+        bytes[at + deltamem::format::row::ROW_PAYLOAD_OFFSET_OFFSET] ^= 0x01; // checksum left stale
+        storage.set_file_bytes(&name, bytes);
+        let options = OpenOptions {
+            read_only: true,
+            ..Default::default()
+        };
+        let report = Bank::open(Arc::new(storage.clone()), options)
+            .unwrap()
+            .verify()
+            .unwrap();
+        assert_eq!(report.problems.len(), 1, "row {index}: {:?}", report.problems);
+        assert!(report.problems[0].file.ends_with(&name), "{:?}", report.problems);
     }
 }

@@ -325,13 +325,42 @@ impl Bank {
             let mut map = HashMap::new();
             for index in 0..self.node_count() {
                 let row = self.row(index)?;
-                if row.external_id_text().is_some() {
-                    map.insert(external_key(row.external_id, row.flags), index);
+                if row.external_id_text().is_none() {
+                    continue;
+                }
+                if let Some(first) = map.insert(external_key(row.external_id, row.flags), index) {
+                    // Inserts refuse a used id, so two rows with one id are
+                    // damage: answering with either would be a guess.
+                    return Err(self.duplicate_external_id(first, &row));
                 }
             }
             *slot = Some(map);
         }
         Ok(f(slot.as_mut().expect("just built")))
+    }
+
+    /// The corruption error for `row`, whose external id row `first`
+    /// already holds: named at the later row's id field, in its segment
+    /// file (or in the WAL, for a row not yet checkpointed).
+    pub(crate) fn duplicate_external_id(&self, first: u32, row: &Row) -> BankError {
+        let (file, offset_bytes) = if row.index < self.base.node_count {
+            let segment = row.index / self.base.rows_per_segment;
+            let name = crate::storage::table_segment_file(self.manifest.generation, segment);
+            let in_segment =
+                u64::from(row.index % self.base.rows_per_segment) * crate::format::row::ROW_SIZE_BYTES as u64;
+            (name, in_segment + crate::format::row::ROW_EXTERNAL_ID_OFFSET as u64)
+        } else {
+            (crate::storage::WAL_FILE.to_string(), 0)
+        };
+        BankError::Corrupt {
+            file: self.storage.describe(&file),
+            offset_bytes,
+            detail: format!(
+                "node {} has the external id {:?} of node {first}",
+                row.index,
+                row.external_id_text().unwrap_or_default()
+            ),
+        }
     }
 
     /// Chain root-to-node, top-level root first.

@@ -2,7 +2,7 @@
 //! each problem with its file and offset, instead of stopping at the first.
 
 use super::open::WAL_READ_ATTEMPTS;
-use super::{Bank, BankError};
+use super::{Bank, BankError, external_key};
 use crate::format::payload::decode_record;
 use crate::format::row::{ROW_SIZE_BYTES, Row};
 use crate::format::{NODE_NONE, crc32};
@@ -102,9 +102,12 @@ impl Problem {
 struct SegmentCheck {
     report: VerifyReport,
     /// Payload log offsets of the segment's first record and of the end
-    /// of its last (for the contiguity check across segments).
+    /// of its last (for the contiguity check across segments); None when
+    /// that row could not be read (it is reported once, as itself).
     payload_start: Option<(u32, u64)>,
     payload_end: Option<u64>,
+    /// A hash of each external id in the segment, with its row.
+    external_ids: Vec<(u64, u32)>,
 }
 
 impl Bank {
@@ -137,10 +140,11 @@ impl Bank {
                 .map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
                 .collect()
         });
-        let mut expected_payload_offset = 0u64;
+        let mut expected_payload_offset = Some(0u64);
+        let mut external_ids = Vec::new();
         for check in parts.into_iter().collect::<Result<Vec<_>, _>>()?.into_iter().flatten() {
             if let Some((index, start)) = check.payload_start
-                && start != expected_payload_offset
+                && expected_payload_offset.is_some_and(|expected| start != expected)
             {
                 report.add(
                     self.storage.describe(&table_segment_file(
@@ -151,27 +155,56 @@ impl Bank {
                     format!("node {index}: payload record not contiguous with the previous one"),
                 );
             }
-            expected_payload_offset = check.payload_end.unwrap_or(expected_payload_offset);
+            expected_payload_offset = check.payload_end;
+            external_ids.extend(check.external_ids);
             report.nodes_checked += check.report.nodes_checked;
             for p in check.report.problems {
                 report.add(p.file, p.offset_bytes, p.detail);
             }
         }
-        if expected_payload_offset != self.manifest.payload_end_bytes && report.is_ok() {
+        if let Some(end) = expected_payload_offset
+            && end != self.manifest.payload_end_bytes
+            && report.is_ok()
+        {
             report.add(
                 self.storage.describe(&payload_file(self.manifest.generation)),
-                expected_payload_offset,
+                end,
                 "payload log end disagrees with the manifest".into(),
             );
         }
         self.verify_unused_space(&mut report, scope)?;
         for index in self.base.node_count..self.node_count() {
             report.nodes_checked += 1;
-            if let Err(e) = self.check_links(&self.row(index)?) {
+            let row = self.row(index)?;
+            if let Err(e) = self.check_links(&row) {
                 report.add_error(&self.storage.describe(""), e);
             }
+            if row.external_id_text().is_some() {
+                external_ids.push((hash_external_id(&row), index));
+            }
         }
+        self.verify_external_ids_unique(external_ids, &mut report)?;
         Ok(report)
+    }
+
+    /// Reports each row whose external id an earlier row holds. Rows are
+    /// compared by a 64-bit hash of their id (16 bytes a row, not a map
+    /// of every id), and rows whose hashes collide are read again.
+    fn verify_external_ids_unique(&self, mut ids: Vec<(u64, u32)>, report: &mut VerifyReport) -> Result<(), BankError> {
+        ids.sort_unstable();
+        for run in ids.chunk_by(|a, b| a.0 == b.0).filter(|run| run.len() > 1) {
+            let rows = run
+                .iter()
+                .map(|&(_, index)| self.row(index))
+                .collect::<Result<Vec<_>, _>>()?;
+            for (at, row) in rows.iter().enumerate().skip(1) {
+                let key = external_key(row.external_id, row.flags);
+                if let Some(first) = rows[..at].iter().find(|r| external_key(r.external_id, r.flags) == key) {
+                    report.add_error(&self.storage.describe(""), self.duplicate_external_id(first.index, row));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Rows, vectors (in `scope`) and payload records of one segment's nodes.
@@ -191,8 +224,18 @@ impl Bank {
                 Err(e) => report.add_error(&self.storage.describe(""), e),
             }
         }
+        // Contiguity is judged only between rows read one after the other:
+        // a row that could not be read is reported once, as itself.
         let mut expected = None;
+        let mut previous = None;
         for row in &rows {
+            if previous.is_some_and(|p: u32| p + 1 != row.index) {
+                expected = None;
+            }
+            previous = Some(row.index);
+            if row.external_id_text().is_some() {
+                check.external_ids.push((hash_external_id(row), row.index));
+            }
             if expected.is_some_and(|at| at != row.payload_offset_bytes) {
                 report.add(
                     self.storage
@@ -204,10 +247,12 @@ impl Bank {
                     ),
                 );
             }
-            check.payload_start.get_or_insert((row.index, row.payload_offset_bytes));
+            if row.index == first {
+                check.payload_start = Some((row.index, row.payload_offset_bytes));
+            }
             expected = Some(row.payload_offset_bytes + u64::from(row.payload_size_bytes));
         }
-        check.payload_end = expected;
+        check.payload_end = expected.filter(|_| previous == Some(last - 1));
         // verify_node skips the vector checks without maps (a failed
         // mapping is reported here, once).
         let maps = match scope {
@@ -474,6 +519,11 @@ impl Bank {
         }
         Ok(())
     }
+}
+
+fn hash_external_id(row: &Row) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(external_key(row.external_id, row.flags))
 }
 
 fn row_offset(bank: &Bank, index: u32) -> u64 {

@@ -225,6 +225,7 @@ impl Row {
             && (parent == NODE_NONE || parent < expected_index)
             && (bank.version >= 2 || sum == 0)
             && ((bank.version >= 2 && bank.has_side_column) || qsum == 0)
+            && external_id_problem(b[ROW_FLAGS_OFFSET], external_id_field(b)).is_none()
     }
 
     /// The lane-sum fields against the bank's format version and side
@@ -291,8 +292,10 @@ impl Row {
         for reserved in ROW_RESERVED {
             check_zero(WHAT, b, reserved)?;
         }
-        let mut external_id = [0u8; EXTERNAL_ID_MAX_BYTES];
-        external_id.copy_from_slice(&b[ROW_EXTERNAL_ID_OFFSET..ROW_EXTERNAL_ID_OFFSET + EXTERNAL_ID_MAX_BYTES]);
+        let external_id = *external_id_field(b);
+        if let Some(problem) = external_id_problem(flags, &external_id) {
+            return Err(invalid(ROW_EXTERNAL_ID_OFFSET, format!("row {index}: {problem}")));
+        }
         Ok(Row {
             index,
             parent: get_u32(b, ROW_PARENT_OFFSET),
@@ -328,6 +331,40 @@ impl Row {
             .position(|&c| c == 0)
             .unwrap_or(EXTERNAL_ID_MAX_BYTES);
         Some(String::from_utf8_lossy(&self.external_id[..len]).into_owned())
+    }
+}
+
+/// The `external_id` field of a full row.
+fn external_id_field(b: &[u8]) -> &[u8; EXTERNAL_ID_MAX_BYTES] {
+    b[ROW_EXTERNAL_ID_OFFSET..ROW_EXTERNAL_ID_OFFSET + EXTERNAL_ID_MAX_BYTES]
+        .try_into()
+        .expect("the row holds the field")
+}
+
+/// Why an `external_id` field and the flags that describe it break
+/// FORMAT.md §4, if they do: only what `encode_external_id` writes is
+/// valid (no id: all zero; a UUID: any 16 bytes; text: 1..=16 bytes of
+/// UTF-8 without NUL, zero-padded). A row past its CRC with any other id
+/// would be shown as lossy text, or found under an id no insert can name.
+fn external_id_problem(flags: u8, id: &[u8; EXTERNAL_ID_MAX_BYTES]) -> Option<&'static str> {
+    let has_id = flags & FLAG_HAS_EXTERNAL_ID != 0;
+    let is_uuid = flags & FLAG_EXTERNAL_ID_UUID != 0;
+    match (has_id, is_uuid) {
+        (false, true) => Some("the UUID flag is set without an external id"),
+        (false, false) if id.iter().any(|&c| c != 0) => Some("external id bytes without the external id flag"),
+        (false, false) | (true, true) => None,
+        (true, false) => {
+            let len = id.iter().position(|&c| c == 0).unwrap_or(EXTERNAL_ID_MAX_BYTES);
+            if len == 0 {
+                Some("empty external id text")
+            } else if id[len..].iter().any(|&c| c != 0) {
+                Some("external id text with a NUL inside it")
+            } else if std::str::from_utf8(&id[..len]).is_err() {
+                Some("external id text that is not UTF-8")
+            } else {
+                None
+            }
+        }
     }
 }
 
@@ -421,30 +458,85 @@ mod tests {
                     version,
                     has_side_column,
                 };
-                let mut row = sample();
-                (row.depth, row.parent) = (2, 4);
-                let good = row.encode();
-                for bit in 0..ROW_SIZE_BYTES * 8 {
-                    for fresh_crc in [false, true] {
-                        let mut b = good;
-                        b[bit / 8] ^= 1 << (bit % 8);
-                        if fresh_crc {
-                            let crc = crc32(&b[..ROW_CRC_OFFSET]);
-                            put_u32(&mut b, ROW_CRC_OFFSET, crc);
-                        }
-                        let slow = Row::decode(&b, 9).and_then(|r| {
-                            r.check_ranges(bank.tree_count, bank.max_depth)?;
-                            r.check_sums_allowed(version, has_side_column)
-                        });
-                        assert_eq!(
-                            Row::passes_checks(&b, 9, bank),
-                            slow.is_ok(),
-                            "bit {bit} {bank:?} {slow:?}"
-                        );
-                    }
+                // A UUID id, a text id of 5 bytes (a flip may add a byte
+                // after its end or break its UTF-8) and none.
+                for id in [Some("15322d79-189f-4d8b-a672-ea78630c3370"), Some("ext-1"), None] {
+                    let mut row = sample();
+                    (row.depth, row.parent) = (2, 4);
+                    let (external_id, idflags) = id.map_or(([0; 16], 0), |t| encode_external_id(t).unwrap());
+                    row.external_id = external_id;
+                    row.flags = FLAG_CONSOLIDATED | idflags;
+                    agree_on_every_flip(&row, bank);
                 }
             }
         }
+    }
+
+    /// `passes_checks` against `decode` and the field checks, for every
+    /// single-bit flip of `row` in `bank`.
+    fn agree_on_every_flip(row: &Row, bank: RowBounds) {
+        let good = row.encode();
+        for bit in 0..ROW_SIZE_BYTES * 8 {
+            for fresh_crc in [false, true] {
+                let mut b = good;
+                b[bit / 8] ^= 1 << (bit % 8);
+                if fresh_crc {
+                    let crc = crc32(&b[..ROW_CRC_OFFSET]);
+                    put_u32(&mut b, ROW_CRC_OFFSET, crc);
+                }
+                let slow = Row::decode(&b, 9).and_then(|r| {
+                    r.check_ranges(bank.tree_count, bank.max_depth)?;
+                    r.check_sums_allowed(bank.version, bank.has_side_column)
+                });
+                assert_eq!(
+                    Row::passes_checks(&b, 9, bank),
+                    slow.is_ok(),
+                    "bit {bit} {bank:?} {slow:?}"
+                );
+            }
+        }
+    }
+
+    /// Ids no insert writes, each with a fresh CRC: the decoder names the
+    /// id field, and the fast check agrees.
+    #[test]
+    fn malformed_external_ids_are_rejected() {
+        let pad = |t: &[u8]| {
+            let mut id = [0u8; 16];
+            id[..t.len()].copy_from_slice(t);
+            id
+        };
+        let cases: [(&str, u8, [u8; 16]); 5] = [
+            ("not UTF-8", FLAG_HAS_EXTERNAL_ID, pad(b"\xff\xfe")),
+            ("NUL inside", FLAG_HAS_EXTERNAL_ID, pad(b"a\0b")),
+            ("empty", FLAG_HAS_EXTERNAL_ID, [0; 16]),
+            ("bytes without the flag", 0, pad(b"zz")),
+            ("UUID flag alone", FLAG_EXTERNAL_ID_UUID, [0; 16]),
+        ];
+        let bank = RowBounds {
+            tree_count: 2,
+            max_depth: 3,
+            version: 2,
+            has_side_column: true,
+        };
+        for (what, flags, id) in cases {
+            let mut row = sample();
+            (row.depth, row.parent, row.flags, row.external_id) = (2, 4, flags, id);
+            let b = row.encode();
+            let err = Row::decode(&b, 9).expect_err(what);
+            assert!(
+                matches!(err, FormatError::Invalid { offset_bytes, .. } if offset_bytes == ROW_EXTERNAL_ID_OFFSET as u64),
+                "{what}: {err:?}"
+            );
+            assert!(!Row::passes_checks(&b, 9, bank), "{what}");
+        }
+        // The longest text id (16 bytes, no padding) is valid.
+        let mut row = sample();
+        (row.flags, row.external_id) = (FLAG_HAS_EXTERNAL_ID, *b"abcdefghijklmnop");
+        assert_eq!(
+            Row::decode(&row.encode(), 9).unwrap().external_id_text().unwrap(),
+            "abcdefghijklmnop"
+        );
     }
 
     #[test]
