@@ -427,33 +427,68 @@ fn mismatched_inputs_are_refused_before_writing() {
     assert_eq!(ok(&["stats", s(&bank), "--json"]).json()["nodes"], 0);
 }
 
-/// A stream that is not a .npy file is refused from its first bytes: the
-/// import copied the whole stream to a temporary file first, so
-/// `--npy /dev/zero` filled the disk before it said "no magic".
-#[test]
-fn a_stream_without_the_npy_magic_is_refused_before_it_is_copied() {
-    let (_dir, bank) = bank(4, &[]);
+/// Runs `import --npy /dev/stdin` with `head` and then up to 64 MiB of
+/// `fill` bytes on stdin; returns the exit code, stderr and the MiB of
+/// fill written before the import stopped reading.
+fn import_from_endless_stdin(bank: &Path, head: &[u8], fill: u8) -> (Option<i32>, String, usize) {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_deltamem"))
-        .args(["import", s(&bank), "--tree", "task", "--npy", "/dev/stdin"])
+        .args(["import", s(bank), "--tree", "task", "--npy", "/dev/stdin"])
         .stdin(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
     let mut input = child.stdin.take().unwrap();
-    // 64 MiB of zeros: all of it is read only if the stream is copied.
+    let head = head.to_vec();
     let writer = std::thread::spawn(move || {
-        let block = vec![0u8; 1 << 20];
+        let block = vec![fill; 1 << 20];
+        if std::io::Write::write_all(&mut input, &head).is_err() {
+            return 0;
+        }
         (0..64)
             .take_while(|_| std::io::Write::write_all(&mut input, &block).is_ok())
             .count()
     });
     let out = child.wait_with_output().unwrap();
     let blocks_written = writer.join().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        blocks_written,
+    )
+}
+
+/// A stream that is not a .npy file is refused from its first bytes: the
+/// import copied the whole stream to a temporary file first, so
+/// `--npy /dev/zero` filled the disk before it said "no magic".
+#[test]
+fn a_stream_without_the_npy_magic_is_refused_before_it_is_copied() {
+    let (_dir, bank) = bank(4, &[]);
+    let (code, stderr, blocks_written) = import_from_endless_stdin(&bank, b"", 0);
+    assert!(code == Some(1) && stderr.contains("NUMPY magic"), "{stderr}");
+    assert!(blocks_written < 64, "the whole stream was read ({blocks_written} MiB)");
+    assert_eq!(ok(&["stats", s(&bank), "--json"]).json()["nodes"], 0);
+}
+
+/// A stream with a valid header for 2 x 4 float32 rows (32 bytes) and
+/// then endless data: only the declared bytes are copied, and the rest is
+/// refused as a file with bytes past its data is, without reading it all.
+#[test]
+fn a_stream_longer_than_its_shape_is_refused_without_being_copied_whole() {
+    let (_dir, bank) = bank(4, &[]);
+    let mut header = String::from("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4), }");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut head = b"\x93NUMPY\x01\x00".to_vec();
+    head.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    head.extend_from_slice(header.as_bytes());
+    // 0x3e bytes are the float 0.18..., finite: valid rows if they were read.
+    let (code, stderr, blocks_written) = import_from_endless_stdin(&bank, &head, 0x3e);
     assert!(
-        out.status.code() == Some(1) && stderr.contains("before copying"),
-        "{stderr}"
+        code == Some(1) && stderr.contains("goes on past the 32 bytes of data"),
+        "{code:?} {stderr}"
     );
     assert!(blocks_written < 64, "the whole stream was read ({blocks_written} MiB)");
     assert_eq!(ok(&["stats", s(&bank), "--json"]).json()["nodes"], 0);

@@ -26,7 +26,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use deltamem::api::{self, InsertReply, RowMeta};
-use deltamem::interop::npy::{NpyRowReader, row_problem};
+use deltamem::interop::npy::{NpyRowReader, read_header, row_problem};
 use deltamem::{Bank, BankError, Change, ChangeAck, NewNode, PendingIds, SyncPolicy};
 use serde::Serialize;
 
@@ -635,41 +635,57 @@ fn import_rows(args: &ImportArgs, npy: &Path, quiet: bool, bank: &mut Bank) -> a
 /// pipe or process substitution (readable once) a temporary copy made by
 /// reading it once. The import reads its inputs twice (the check before
 /// anything is written, then the rows) and counts the META lines first.
-/// A stream that must begin with `magic` is refused before anything is
-/// copied if it does not: a copy of `/dev/zero` would fill the disk.
-fn rereadable(path: &Path, magic: Option<&[u8]>) -> anyhow::Result<Option<tempfile::TempPath>> {
+/// A `.npy` stream (`npy`) is checked as it is copied: its header before
+/// anything is copied (a copy of `/dev/zero` would fill the disk), and then
+/// only the data its shape declares is copied. A stream that goes on past
+/// that is refused, as a file with bytes past its data is, without being
+/// read to its end.
+fn rereadable(path: &Path, npy: bool) -> anyhow::Result<Option<tempfile::TempPath>> {
     let meta = std::fs::metadata(path).with_context(|| format!("cannot open {}", path.display()))?;
     if meta.is_file() {
         return Ok(None);
     }
     let mut input = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut head = Vec::new();
-    if let Some(magic) = magic {
-        (&mut input)
-            .take(magic.len() as u64)
-            .read_to_end(&mut head)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        if head != magic {
-            anyhow::bail!(
-                "{}: not a .npy file: no \\x93NUMPY magic (checked before copying the stream)",
-                path.display()
-            );
-        }
-    }
     // Messages name the copy: its name says what it is a copy of.
     let name = path.file_name().map_or("input".into(), |n| n.to_string_lossy());
     let mut copy = tempfile::Builder::new()
         .prefix(&format!("deltamem-copy-of-{name}-"))
         .tempfile()
         .context("cannot create a temporary file")?;
-    copy.write_all(&head).context("cannot write a temporary file")?;
-    std::io::copy(&mut input, &mut copy).with_context(|| format!("cannot read {}", path.display()))?;
+    let read_error = || format!("cannot read {}", path.display());
+    if npy {
+        let header = read_header(path, &mut input)?;
+        copy.write_all(&header.prefix)
+            .context("cannot write a temporary file")?;
+        let copied_bytes =
+            std::io::copy(&mut (&mut input).take(header.data_bytes), &mut copy).with_context(read_error)?;
+        // A short stream is left for the reader, which names it truncated.
+        let mut one = [0u8; 1];
+        if copied_bytes == header.data_bytes && input.read(&mut one).with_context(read_error)? != 0 {
+            let info = &header.info;
+            anyhow::bail!(
+                "{}: invalid: the stream goes on past the {} bytes of data that shape ({}, {}) of {} declares",
+                path.display(),
+                header.data_bytes,
+                info.row_count,
+                info.dim_count,
+                info.descr
+            );
+        }
+    } else {
+        std::io::copy(&mut input, &mut copy).with_context(read_error)?;
+    }
     Ok(Some(copy.into_temp_path()))
 }
 
 pub fn run(args: &ImportArgs, npy: &Path, quiet: bool) -> anyhow::Result<Status> {
-    let npy_copy = rereadable(npy, Some(b"\x93NUMPY"))?;
-    let meta_copy = args.meta.as_deref().map(|m| rereadable(m, None)).transpose()?.flatten();
+    let npy_copy = rereadable(npy, true)?;
+    let meta_copy = args
+        .meta
+        .as_deref()
+        .map(|m| rereadable(m, false))
+        .transpose()?
+        .flatten();
     let local;
     let args = match &meta_copy {
         Some(copy) => {

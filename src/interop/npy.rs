@@ -73,7 +73,7 @@ pub struct NpyRowReader {
 }
 
 /// Returns the data offset and the header text.
-fn read_prefix(path: &Path, file: &mut File) -> Result<(Vec<u8>, String), InteropError> {
+fn read_prefix(path: &Path, file: &mut impl Read) -> Result<(Vec<u8>, String), InteropError> {
     let bad = |detail: &str| InteropError::invalid(path, format!("not a .npy file: {detail}"));
     let mut fixed = [0u8; 12];
     file.read_exact(&mut fixed).map_err(|_| bad("shorter than a header"))?;
@@ -177,6 +177,44 @@ fn element_of(path: &Path, dtype: &DType) -> Result<(NpyElement, String, bool), 
     Ok((element, descr, big_endian))
 }
 
+/// A `.npy` header read and checked from the front of a stream.
+pub struct NpyHeader {
+    /// The header's bytes as read (magic to the end of the padding).
+    pub prefix: Vec<u8>,
+    pub info: NpyInfo,
+    big_endian: bool,
+    /// The data bytes the shape and dtype declare (checked arithmetic).
+    pub data_bytes: u64,
+}
+
+/// Reads and checks the header at the front of `reader` (which is left at
+/// the first data byte): magic, version, shape, dtype and order. A
+/// stream that is not a .npy file is refused after at most the header's
+/// bytes (bounded by `MAX_HEADER_BYTES`), whatever follows.
+pub fn read_header(path: &Path, reader: &mut impl Read) -> Result<NpyHeader, InteropError> {
+    let (prefix, header) = read_prefix(path, reader)?;
+    shape_guard(path, &header)?;
+    let npy =
+        NpyFile::new(prefix.as_slice()).map_err(|e| InteropError::invalid(path, format!("bad .npy header: {e}")))?;
+    let (element, descr, big_endian) = element_of(path, &npy.dtype())?;
+    let (row_count, dim_count) = matrix_shape(path, npy.shape(), npy.order())?;
+    let data_bytes = row_count
+        .checked_mul(dim_count as u64)
+        .and_then(|n| n.checked_mul(element.size_bytes()))
+        .ok_or_else(|| InteropError::invalid(path, "shape is impossibly large"))?;
+    Ok(NpyHeader {
+        prefix,
+        info: NpyInfo {
+            row_count,
+            dim_count,
+            element,
+            descr,
+        },
+        big_endian,
+        data_bytes,
+    })
+}
+
 impl NpyRowReader {
     /// Opens and reads the header. The file is read once, front to back
     /// (a pipe or `/dev/stdin` works); only a regular file's size is
@@ -184,18 +222,15 @@ impl NpyRowReader {
     pub fn open(path: &Path) -> Result<NpyRowReader, InteropError> {
         let mut file = File::open(path).map_err(InteropError::io("open", path))?;
         let meta = file.metadata().map_err(InteropError::io("stat", path))?;
-        let (prefix, header) = read_prefix(path, &mut file)?;
-        shape_guard(path, &header)?;
-        let npy = NpyFile::new(prefix.as_slice())
-            .map_err(|e| InteropError::invalid(path, format!("bad .npy header: {e}")))?;
-        let (element, descr, big_endian) = element_of(path, &npy.dtype())?;
-        let (row_count, dim_count) = matrix_shape(path, npy.shape(), npy.order())?;
-        let need_bytes = row_count
-            .checked_mul(dim_count as u64)
-            .and_then(|n| n.checked_mul(element.size_bytes()))
-            .ok_or_else(|| InteropError::invalid(path, "shape is impossibly large"))?;
+        let NpyHeader {
+            prefix,
+            info,
+            big_endian,
+            data_bytes: need_bytes,
+        } = read_header(path, &mut file)?;
         let have_bytes = meta.len().saturating_sub(prefix.len() as u64);
         if meta.is_file() && have_bytes != need_bytes {
+            let (row_count, dim_count, descr) = (info.row_count, info.dim_count, &info.descr);
             return Err(InteropError::invalid(
                 path,
                 format!(
@@ -206,12 +241,7 @@ impl NpyRowReader {
         }
         Ok(NpyRowReader {
             path: path.to_path_buf(),
-            info: NpyInfo {
-                row_count,
-                dim_count,
-                element,
-                descr,
-            },
+            info,
             file,
             big_endian,
             raw: Vec::new(),
