@@ -635,3 +635,59 @@ fn export_of_an_unknown_tree_fails_and_creates_nothing() {
         "no temporary file left behind"
     );
 }
+
+/// Payload fields the reference schema cannot carry back as they are: a
+/// field named like the scenario's key was dropped, and a legacy key on
+/// its own came back renamed. Export refuses them by node and field and
+/// writes nothing; a legacy key beside its current key round-trips.
+#[test]
+fn fields_the_reference_schema_cannot_keep_are_refused_by_name() {
+    let cases = [
+        (
+            json!({"scenario_description": "mine"}),
+            Some("\"scenario_description\""),
+        ),
+        (json!({"memory_description": "when x"}), Some("\"memory_description\"")),
+        (json!({"content_body": "do y"}), Some("\"content_body\"")),
+        (
+            json!({"memory_description": "old", "activation_condition": "new"}),
+            None,
+        ),
+    ];
+    for (payload, refused) in cases {
+        let (dir, bank) = bank(4, &[]);
+        let line = json!({"tree": "task", "attach": "root", "label": "SUCCESS", "scenario": "s",
+                          "payload": payload, "embedding": [1.0, 0.0, 0.0, 0.0], "id": "n1"});
+        let run = deltamem(&["insert", s(&bank)], &format!("{line}\n"));
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        let out = dir.path().join("x.json");
+        let args = [
+            "export",
+            s(&bank),
+            "--tree",
+            "task",
+            "--format",
+            "reference-json",
+            "--out",
+            s(&out),
+        ];
+        match refused {
+            Some(field) => {
+                let run = fails(&args, 1);
+                assert!(
+                    run.stderr.contains(field) && run.stderr.contains("n1"),
+                    "{}",
+                    run.stderr
+                );
+                assert!(!out.exists(), "{payload}: a refused export left {out:?}");
+            }
+            None => {
+                ok(&args);
+                let (_dir2, again) = self::bank(4, &[]);
+                ok(&["import", s(&again), "--tree", "task", "--reference-json", s(&out)]);
+                let (by_id, _) = dump_by_external_id(&again, "task");
+                assert_eq!(by_id["n1"]["payload"], payload, "{payload}");
+            }
+        }
+    }
+}

@@ -7,7 +7,9 @@ use std::io::Write;
 
 use serde_json::{Map, Value};
 
-use super::{META_KEYS, PAYLOAD_KEYS, REFERENCE_META_FIELD, REFERENCE_PAYLOAD_FIELD, placeholder_scenario};
+use super::{
+    LEGACY_PAYLOAD_KEYS, META_KEYS, PAYLOAD_KEYS, REFERENCE_META_FIELD, REFERENCE_PAYLOAD_FIELD, placeholder_scenario,
+};
 use crate::Bank;
 use crate::format::row::Row;
 use crate::interop::InteropError;
@@ -209,6 +211,32 @@ fn placeholder(bank: &Bank, tree: &str, view: &TreeView) -> PyValue {
     ])
 }
 
+/// Why a node's payload fields cannot be written in the reference schema
+/// and read back as they are, if so: a field named like the scenario's key
+/// would be dropped (the file has one such key), and a legacy key whose
+/// current key is absent would be read back under the current key.
+fn unrepresentable_field(fields: &BTreeMap<String, String>, kept: &Map<String, Value>) -> Option<String> {
+    // Only a field stored by an insert can meet either case: an import
+    // keeps neither (its non-string values, in `kept`, read back as they
+    // were read the first time).
+    let has = |key: &str| fields.contains_key(key) || kept.get(key).is_some_and(|v| !v.is_null());
+    if fields.contains_key(PAYLOAD_KEYS[0]) {
+        return Some(format!(
+            "payload field {:?} would collide with the scenario, which the reference file keeps under that key",
+            PAYLOAD_KEYS[0]
+        ));
+    }
+    LEGACY_PAYLOAD_KEYS
+        .iter()
+        .find(|(legacy, current)| fields.contains_key(*legacy) && !has(current))
+        .map(|(legacy, current)| {
+            format!(
+                "payload field {legacy:?} without a field {current:?} would be read back as {current:?} \
+             (the reference's legacy name for it)"
+            )
+        })
+}
+
 /// A JSON-object payload field, or an error naming the node.
 fn json_field(fields: &BTreeMap<String, String>, key: &str, node_id: &str) -> Result<Map<String, Value>, InteropError> {
     let Some(text) = fields.get(key) else {
@@ -230,6 +258,13 @@ fn node_value(bank: &Bank, view: &TreeView, index: u32, with_placeholder: bool) 
     let node_id = view.node_id(index);
     let ref_meta = json_field(&payload.fields, REFERENCE_META_FIELD, &node_id)?;
     let ref_payload = json_field(&payload.fields, REFERENCE_PAYLOAD_FIELD, &node_id)?;
+    if let Some(detail) = unrepresentable_field(&payload.fields, &ref_payload) {
+        return Err(InteropError::Node {
+            file: "the bank".into(),
+            node_id,
+            detail,
+        });
+    }
     let parent_id = match row.parent() {
         Some(p) => PyValue::Str(view.node_id(p)),
         None if with_placeholder => PyValue::Str(placeholder_id(view, bank.tree_name(row.tree))),

@@ -27,6 +27,9 @@
 //! A legacy key is used only when its current counterpart is absent or
 //! null; if both are present the legacy one is kept as a field of its own
 //! name. Null values of known keys carry nothing and are not stored.
+//! Export refuses, naming the node and field, a field it could not write
+//! back as it is: one named `scenario_description`, or a legacy key stored
+//! without its current counterpart (an insert can store either).
 //!
 //! **Type by position.** The bank's rule is that a node is a ROOT exactly
 //! when it hangs from the virtual root. The real fixtures obey it (every
