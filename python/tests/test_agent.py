@@ -112,6 +112,12 @@ def test_bad_callable_results_are_named(agent_bank):
     loop = deltamem.MemoryLoop(agent_bank, embedder=wrong_dim, llm=ScriptedChat())
     with pytest.raises(deltamem.AgentError, match=f"shape \\[1, {DIM + 1}\\]"):
         loop.retrieve("a task", "an env")
+    # NaN from the embedder is the embedder's fault, not bad input.
+    nan_embed = lambda texts, role: np.full((len(texts), DIM), np.nan, dtype=np.float32)  # noqa: E731
+    loop = deltamem.MemoryLoop(agent_bank, embedder=nan_embed, llm=ScriptedChat())
+    for call in (lambda: loop.retrieve("a task", "an env"), lambda: loop.record(EPISODE)):
+        with pytest.raises(deltamem.AgentError, match="non-finite"):
+            call()
     loop = deltamem.MemoryLoop(agent_bank, embedder=toy_embed, llm=lambda messages: 42)
     with pytest.raises(deltamem.AgentError, match="not a str"):
         loop.record(EPISODE)

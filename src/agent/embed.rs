@@ -81,9 +81,40 @@ pub trait Embedder {
     fn embed_batch(&mut self, texts: &[&str], role: TextRole) -> Result<Vec<Vec<f32>>, EmbedError>;
 
     fn embed(&mut self, text: &str, role: TextRole) -> Result<Vec<f32>, EmbedError> {
-        let mut v = self.embed_batch(&[text], role)?;
-        v.pop()
-            .ok_or_else(|| EmbedError::Inference("no vector returned".into()))
+        let mut v = self.embed_checked(&[text], role)?;
+        Ok(v.pop().expect("embed_checked returns one vector per text"))
+    }
+
+    /// `embed_batch`, with its result checked: one vector per text, each of
+    /// `dim()` finite components. Every caller in the agent goes through
+    /// here, so an embedder that misbehaves (a Python callable returning
+    /// NaN, a model of another size) is an embedder error, not a refusal
+    /// by the bank that reads as bad input.
+    fn embed_checked(&mut self, texts: &[&str], role: TextRole) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let vectors = self.embed_batch(texts, role)?;
+        if vectors.len() != texts.len() {
+            let detail = format!(
+                "the embedder returned {} vectors for {} texts",
+                vectors.len(),
+                texts.len()
+            );
+            return Err(EmbedError::Inference(detail));
+        }
+        let dim = self.dim();
+        for (i, v) in vectors.iter().enumerate() {
+            if v.len() != dim {
+                let detail = format!(
+                    "vector {i} has {} components, the embedder's dimension is {dim}",
+                    v.len()
+                );
+                return Err(EmbedError::Inference(detail));
+            }
+            if let Some(at) = v.iter().position(|x| !x.is_finite()) {
+                let detail = format!("vector {i} has a non-finite value at component {at}");
+                return Err(EmbedError::Inference(detail));
+            }
+        }
+        Ok(vectors)
     }
 }
 
@@ -647,6 +678,47 @@ impl Embedder for OnnxEmbedder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Returns what it was given, whatever the texts.
+    struct Canned(Vec<Vec<f32>>);
+
+    impl Embedder for Canned {
+        fn dim(&self) -> usize {
+            2
+        }
+        fn model_id(&self) -> String {
+            "canned".into()
+        }
+        fn embed_batch(&mut self, _texts: &[&str], _role: TextRole) -> Result<Vec<Vec<f32>>, EmbedError> {
+            Ok(self.0.clone())
+        }
+    }
+
+    #[test]
+    fn an_embedders_result_is_checked_before_use() {
+        let cases = [
+            (vec![vec![1.0, 0.0], vec![0.0, 1.0]], "2 vectors for 1 texts"),
+            (
+                vec![vec![1.0, 0.0, 0.0]],
+                "vector 0 has 3 components, the embedder's dimension is 2",
+            ),
+            (
+                vec![vec![0.5, f32::NAN]],
+                "vector 0 has a non-finite value at component 1",
+            ),
+            (vec![vec![f32::INFINITY, 0.0]], "non-finite value at component 0"),
+        ];
+        for (vectors, want) in cases {
+            match Canned(vectors).embed("text", TextRole::Query) {
+                Err(EmbedError::Inference(detail)) => assert!(detail.contains(want), "{detail}"),
+                other => panic!("{want}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            Canned(vec![vec![0.6, 0.8]]).embed("t", TextRole::Passage).unwrap(),
+            vec![0.6, 0.8]
+        );
+    }
 
     #[test]
     fn mean_pooling_respects_the_mask() {

@@ -514,16 +514,10 @@ impl MemoryLoop {
         })?;
 
         // 2. Embeddings and extraction, no lock held.
-        let vectors = self.embedder.embed_batch(
+        let vectors = self.embedder.embed_checked(
             &[task_plan.scenario.as_str(), env_plan.scenario.as_str()],
             TextRole::Passage,
         )?;
-        if vectors.len() != 2 {
-            return Err(AgentError::Embed(EmbedError::Inference(format!(
-                "the embedder returned {} vectors for 2 texts",
-                vectors.len()
-            ))));
-        }
         let prompt_trajectory = shorten_trajectory(&episode.trajectory, self.config.prompt_trajectory_chars);
         let view = EpisodeView {
             task_text: &episode.task_text,
