@@ -225,11 +225,22 @@ impl PyBank {
         };
         let lock_wait = Duration::try_from_secs_f64(lock_wait_s)
             .map_err(|_| errors::invalid(py, format!("lock_wait_s {lock_wait_s} is not a duration")))?;
-        PyBank::opened(py, path, |path| {
-            let mut bank = Bank::open_dir_waiting(path, options, lock_wait)?;
+        // Ctrl-C while waiting for the lock: the wait checks for signals
+        // between tries (the GIL is taken for that only) and raises
+        // KeyboardInterrupt at once instead of waiting the time out.
+        let mut signal = None;
+        let opened = PyBank::opened(py, path, |path| {
+            let mut bank = Bank::open_dir_waiting_unless(path, options, lock_wait, || {
+                signal = Python::attach(|py| py.check_signals()).err();
+                signal.is_some()
+            })?;
             bank.set_query_threads(query_threads);
             Ok(bank)
-        })
+        });
+        match signal {
+            Some(e) => Err(e),
+            None => opened,
+        }
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {

@@ -170,3 +170,36 @@ def test_a_callable_that_calls_its_own_loop_gets_an_error_not_a_hang(tmp_path):
     # The loop is still usable once the callable behaves.
     loop = deltamem.MemoryLoop(path, embedder=toy_embed, llm=ScriptedChat())
     assert "context" in loop.retrieve("heat the water", "a kitchen")
+
+
+def test_ctrl_c_while_waiting_for_the_writer_lock_raises_at_once(tmp_path):
+    """Bank.open(lock_wait_s=N) slept out the N seconds after a Ctrl-C."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "b"
+    deltamem.Bank.create(path, DIM).close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time, deltamem; b = deltamem.Bank.open(sys.argv[1]); print('held', flush=True); time.sleep(60)",
+         str(path)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        started = time.monotonic()
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            deltamem.Bank.open(path, lock_wait_s=60)
+        # Far below the 60 s wait; the bound only tells "at once" from "never".
+        assert time.monotonic() - started < 30
+        timer.join()
+    finally:
+        holder.kill()
+        holder.wait()
+    with deltamem.Bank.open(path, lock_wait_s=10) as bank:
+        assert len(bank) == 0

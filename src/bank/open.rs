@@ -185,13 +185,36 @@ impl Bank {
         lock_wait: Duration,
         waiting: impl FnOnce(),
     ) -> Result<Bank, BankError> {
+        Bank::open_dir_waiting_with(path.as_ref(), options, lock_wait, waiting, || false)
+    }
+
+    /// `open_dir_waiting` that asks `interrupted` before each pause and
+    /// stops waiting (with the lock's error) once it says so: a face that
+    /// must answer a signal while it waits (Ctrl-C in the Python binding)
+    /// checks for it there.
+    pub fn open_dir_waiting_unless(
+        path: impl AsRef<Path>,
+        options: OpenOptions,
+        lock_wait: Duration,
+        interrupted: impl FnMut() -> bool,
+    ) -> Result<Bank, BankError> {
+        Bank::open_dir_waiting_with(path.as_ref(), options, lock_wait, || {}, interrupted)
+    }
+
+    fn open_dir_waiting_with(
+        path: &Path,
+        options: OpenOptions,
+        lock_wait: Duration,
+        waiting: impl FnOnce(),
+        mut interrupted: impl FnMut() -> bool,
+    ) -> Result<Bank, BankError> {
         let started = Instant::now();
         let (mut pause_ms, mut attempt) = (1u64, 0u32);
         let mut waiting = Some(waiting);
         loop {
             attempt = attempt.wrapping_add(1);
-            match Bank::open_dir(path.as_ref(), options.clone()) {
-                Err(e) if e.is_locked() && started.elapsed() < lock_wait => {
+            match Bank::open_dir(path, options.clone()) {
+                Err(e) if e.is_locked() && started.elapsed() < lock_wait && !interrupted() => {
                     if let Some(note) = waiting.take() {
                         note();
                     }
