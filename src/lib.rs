@@ -21,9 +21,9 @@ pub mod tree;
 pub mod server;
 
 pub use bank::{
-    Attach, Bank, BankConfig, BankError, Change, ChangeAck, CompactReport, ConsolidateAck, FreezeReport, HitAck,
-    ImportedState, InsertAck, Match, NewNode, NodeInfo, NodeRef, OpenOptions, PendingIds, Problem, QueryOptions, Stats,
-    SyncPolicy, TreeStats, VerifyReport, VerifyScope,
+    Attach, Bank, BankConfig, BankError, Change, ChangeAck, CompactReport, ConsolidateAck, ErrorKind, FreezeReport,
+    HitAck, ImportedState, InsertAck, Match, NewNode, NodeInfo, NodeRef, OpenOptions, PendingIds, Problem,
+    QueryOptions, Stats, SyncPolicy, TreeStats, VerifyReport, VerifyScope,
 };
 pub use format::manifest::TreeSpec;
 pub use format::payload::Payload;

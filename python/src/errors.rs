@@ -3,9 +3,9 @@
 //! bases: `NotFoundError` is also a `KeyError`, `InvalidInputError` also a
 //! `ValueError`, `IoError` also an `OSError`).
 
-use deltamem::BankError;
 use deltamem::interop::InteropError;
 use deltamem::storage::StorageError;
+use deltamem::{BankError, ErrorKind};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
@@ -85,57 +85,43 @@ pub fn invalid(py: Python<'_>, message: impl Into<String>) -> PyErr {
     make(py, Kind::Invalid, message.into(), &Details::default())
 }
 
-/// Which class a bank error belongs to, filling in its details.
+/// Which class a bank error belongs to (its kind), filling in its details.
 fn classify(e: &BankError, details: &mut Details) -> Kind {
+    fill_details(e, details);
+    match e.kind() {
+        ErrorKind::Locked => Kind::Locked,
+        ErrorKind::Corrupt => Kind::Corrupt,
+        ErrorKind::Io => Kind::Io,
+        ErrorKind::NotFound => Kind::NotFound,
+        ErrorKind::ReadOnly => Kind::ReadOnly,
+        ErrorKind::Poisoned => Kind::Poisoned,
+        // Python has no conflict class: an id in use is a ValueError too.
+        ErrorKind::Invalid | ErrorKind::Conflict => Kind::Invalid,
+    }
+}
+
+/// The file, offset, errno and batch position an error carries.
+fn fill_details(e: &BankError, details: &mut Details) {
     match e {
-        BankError::Storage(StorageError::Locked { .. }) => Kind::Locked,
         BankError::Storage(StorageError::Corrupt { file, offset_bytes, .. })
-        | BankError::Corrupt { file, offset_bytes, .. } => {
+        | BankError::Corrupt { file, offset_bytes, .. }
+        | BankError::WalDamaged { file, offset_bytes, .. } => {
             details.file = Some(file.clone());
             details.offset_bytes = Some(*offset_bytes);
-            Kind::Corrupt
         }
         BankError::Storage(StorageError::Io { file, cause, .. }) => {
             details.file = Some(file.clone());
             details.errno = cause.raw_os_error();
-            Kind::Io
-        }
-        BankError::WalDamaged { file, offset_bytes, .. } => {
-            details.file = Some(file.clone());
-            details.offset_bytes = Some(*offset_bytes);
-            Kind::Corrupt
         }
         BankError::ManifestMissing { path, .. } => {
             details.file = Some(format!("{path}MANIFEST"));
             details.offset_bytes = Some(0);
-            Kind::Corrupt
         }
-        // The stored tree contradicts itself: damage, not the caller's input.
-        BankError::Tree(_) => Kind::Corrupt,
-        BankError::NotABank { .. } | BankError::UnknownTree { .. } | BankError::UnknownNode(_) => Kind::NotFound,
-        BankError::ReadOnly(_) => Kind::ReadOnly,
-        BankError::Poisoned(_) => Kind::Poisoned,
         BankError::BatchItem { position, error } => {
             details.position = Some(*position);
-            classify(error, details)
+            fill_details(error, details);
         }
-        // Listed one by one, so that a new error is classified when it is
-        // added rather than taken for bad input by default.
-        BankError::AlreadyExists { .. }
-        | BankError::BadConfig(_)
-        | BankError::BadQueryOption(_)
-        | BankError::DimensionMismatch { .. }
-        | BankError::BadEmbedding(_)
-        | BankError::WrongTree { .. }
-        | BankError::EmptyScenario
-        | BankError::PayloadTooLarge { .. }
-        | BankError::BadExternalId { .. }
-        | BankError::DuplicateExternalId { .. }
-        | BankError::DuplicateInWrite { .. }
-        | BankError::AlreadyConsolidated { .. }
-        | BankError::NotConsolidatable { .. }
-        | BankError::TransactionTooLarge { .. }
-        | BankError::NotLoadable { .. } => Kind::Invalid,
+        _ => {}
     }
 }
 

@@ -110,6 +110,67 @@ impl BankError {
     pub fn is_locked(&self) -> bool {
         matches!(self, BankError::Storage(StorageError::Locked { .. }))
     }
+
+    /// Whose fault the error is, for a face to map to its own answer (an
+    /// HTTP status, a Python exception class, an error line or the end of
+    /// a command). Every variant is listed, so a new one is classified
+    /// when it is added rather than falling into a default.
+    pub fn kind(&self) -> ErrorKind {
+        use ErrorKind as K;
+        match self {
+            BankError::Storage(StorageError::Locked { .. }) => K::Locked,
+            BankError::Storage(StorageError::Corrupt { .. }) => K::Corrupt,
+            BankError::Storage(StorageError::Io { .. }) => K::Io,
+            BankError::NotABank { .. } | BankError::UnknownTree { .. } | BankError::UnknownNode(_) => K::NotFound,
+            BankError::AlreadyExists { .. }
+            | BankError::DuplicateExternalId { .. }
+            | BankError::AlreadyConsolidated { .. } => K::Conflict,
+            BankError::BadConfig(_)
+            | BankError::BadQueryOption(_)
+            | BankError::DimensionMismatch { .. }
+            | BankError::BadEmbedding(_)
+            | BankError::WrongTree { .. }
+            | BankError::EmptyScenario
+            | BankError::PayloadTooLarge { .. }
+            | BankError::BadExternalId { .. }
+            | BankError::DuplicateInWrite { .. }
+            | BankError::NotConsolidatable { .. }
+            | BankError::TransactionTooLarge { .. }
+            | BankError::NotLoadable(_) => K::Invalid,
+            BankError::ReadOnly(_) => K::ReadOnly,
+            BankError::Poisoned(_) => K::Poisoned,
+            // The stored tree contradicting itself is damage, not input.
+            BankError::ManifestMissing { .. }
+            | BankError::Corrupt { .. }
+            | BankError::WalDamaged { .. }
+            | BankError::Tree(_) => K::Corrupt,
+            BankError::BatchItem { error, .. } => error.kind(),
+        }
+    }
+}
+
+/// Whose fault a [`BankError`] is ([`BankError::kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The caller's input is wrong: a dimension, an empty scenario, an
+    /// option, a write the tree rules refuse.
+    Invalid,
+    /// The input names a tree or node the bank does not have, or a path
+    /// that holds no bank.
+    NotFound,
+    /// The input contradicts what is stored: an id in use, a node already
+    /// consolidated, a bank where a new one was to be made.
+    Conflict,
+    /// Another process holds the writer lock.
+    Locked,
+    /// A read-only handle was asked to write.
+    ReadOnly,
+    /// The handle refuses writes after an I/O failure.
+    Poisoned,
+    /// Stored bytes or structure are damaged.
+    Corrupt,
+    /// The operating system refused a file operation.
+    Io,
 }
 
 /// An id as an error message shows it: quoted, whole up to 40 characters,

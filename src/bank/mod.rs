@@ -27,8 +27,8 @@ use std::time::Instant;
 
 pub use checkpoint::PreparedCheckpoint;
 pub use compact::{CompactReport, FREEZING_MARK_FILE, FreezeReport};
-pub use error::BankError;
 pub(crate) use error::shown_id;
+pub use error::{BankError, ErrorKind};
 pub use load::BatchResult;
 pub use mutate::{Attach, Change, ChangeAck, ConsolidateAck, HitAck, ImportedState, InsertAck, NewNode, PendingIds};
 pub use open::{BankConfig, OpenOptions};

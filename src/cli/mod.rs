@@ -32,7 +32,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::Context;
-use deltamem::{Bank, BankError, NodeRef, OpenOptions, SyncPolicy};
+use deltamem::{Bank, BankError, ErrorKind, NodeRef, OpenOptions, SyncPolicy};
 use serde::Serialize;
 
 pub use init::TreeArg;
@@ -190,21 +190,9 @@ pub fn saved_checkpoint_failed(path: &Path, why: &str) -> Status {
 /// Errors caused by what the caller sent, as opposed to the bank or the
 /// disk failing. Only these let a line-oriented command go on.
 pub fn is_input_error(e: &BankError) -> bool {
-    matches!(
-        e,
-        BankError::DimensionMismatch { .. }
-            | BankError::BadEmbedding(_)
-            | BankError::UnknownTree { .. }
-            | BankError::UnknownNode(_)
-            | BankError::WrongTree { .. }
-            | BankError::EmptyScenario
-            | BankError::PayloadTooLarge { .. }
-            | BankError::BadExternalId { .. }
-            | BankError::DuplicateExternalId { .. }
-            | BankError::DuplicateInWrite { .. }
-            | BankError::BadConfig(_)
-            | BankError::BadQueryOption(_)
-    )
+    // Not a missing bank: no line names one (the bank is open by then).
+    !matches!(e, BankError::NotABank { .. })
+        && matches!(e.kind(), ErrorKind::Invalid | ErrorKind::NotFound | ErrorKind::Conflict)
 }
 
 /// Writes `value` as one JSON line.

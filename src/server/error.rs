@@ -4,7 +4,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use super::body::ErrorOut;
-use crate::bank::BankError;
+use crate::bank::{BankError, ErrorKind};
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -49,36 +49,25 @@ impl ApiError {
 /// Status and blamed field of a bank error.
 fn classify(e: &BankError, field: &str) -> (StatusCode, Option<String>) {
     let named = |status| (status, Some(field_of(e, field).to_string()));
-    match e {
-        BankError::UnknownTree { .. } => named(StatusCode::NOT_FOUND),
-        // Named: an unknown node may be a parent to attach to or one of
-        // many ids, not only the one in the path.
-        BankError::UnknownNode(_) => named(StatusCode::NOT_FOUND),
-        BankError::AlreadyConsolidated { .. } | BankError::DuplicateExternalId { .. } => named(StatusCode::CONFLICT),
-        BankError::DimensionMismatch { .. }
-        | BankError::BadEmbedding(_)
-        | BankError::WrongTree { .. }
-        | BankError::EmptyScenario
-        | BankError::PayloadTooLarge { .. }
-        | BankError::BadExternalId { .. }
-        | BankError::DuplicateInWrite { .. }
-        | BankError::BadConfig(_)
-        | BankError::BadQueryOption(_)
-        | BankError::NotConsolidatable { .. }
-        | BankError::TransactionTooLarge { .. }
-        | BankError::Tree(_) => named(StatusCode::BAD_REQUEST),
+    match (e, e.kind()) {
         // An item of an insert batch: its own field, else its parent (an
         // unknown node in an insert is the one it attaches to). Of other
         // batches (ids) the position is the change's, not the id's.
-        BankError::BatchItem { position, error } if field == "nodes" => {
+        (BankError::BatchItem { position, error }, _) if field == "nodes" => {
             let (status, inner) = classify(error, "attach");
             (status, inner.map(|f| format!("nodes[{position}].{f}")))
         }
-        BankError::BatchItem { error, .. } => classify(error, field),
-        BankError::Poisoned(_) | BankError::ReadOnly(_) => (StatusCode::SERVICE_UNAVAILABLE, None),
+        (BankError::BatchItem { error, .. }, _) => classify(error, field),
+        // No request names a path: the served bank itself has gone.
+        (BankError::NotABank { .. }, _) => (StatusCode::INTERNAL_SERVER_ERROR, None),
+        // Named: an unknown node may be a parent to attach to or one of
+        // many ids, not only the one in the path.
+        (_, ErrorKind::NotFound) => named(StatusCode::NOT_FOUND),
+        (_, ErrorKind::Conflict) => named(StatusCode::CONFLICT),
+        (_, ErrorKind::Invalid) => named(StatusCode::BAD_REQUEST),
         // Another process's writer lock, held past the wait (`deltamem mcp`).
-        e if e.is_locked() => (StatusCode::SERVICE_UNAVAILABLE, None),
-        _ => (StatusCode::INTERNAL_SERVER_ERROR, None),
+        (_, ErrorKind::Locked | ErrorKind::ReadOnly | ErrorKind::Poisoned) => (StatusCode::SERVICE_UNAVAILABLE, None),
+        (_, ErrorKind::Corrupt | ErrorKind::Io) => (StatusCode::INTERNAL_SERVER_ERROR, None),
     }
 }
 
@@ -121,3 +110,54 @@ impl IntoResponse for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::TreeError;
+
+    #[test]
+    fn bank_errors_map_to_statuses_by_kind() {
+        let cases: [(BankError, u16, Option<&str>); 5] = [
+            (BankError::UnknownNode("7".into()), 404, Some("attach")),
+            (
+                BankError::DimensionMismatch { expected: 4, found: 3 },
+                400,
+                Some("embedding"),
+            ),
+            (
+                BankError::DuplicateExternalId {
+                    id: "a".into(),
+                    existing: 1,
+                },
+                409,
+                Some("id"),
+            ),
+            // Damage in the stored tree is the server's problem, not the
+            // request's: it was a 400 before the kinds were shared.
+            (
+                BankError::Tree(TreeError::Inconsistent {
+                    node: 3,
+                    detail: "x".into(),
+                }),
+                500,
+                None,
+            ),
+            (BankError::Poisoned("fsync".into()), 503, None),
+        ];
+        for (e, status, field) in cases {
+            let what = e.to_string();
+            let api = ApiError::from_bank(e, "attach");
+            assert_eq!((api.status.as_u16(), api.field.as_deref()), (status, field), "{what}");
+        }
+        let nested = BankError::BatchItem {
+            position: 2,
+            error: Box::new(BankError::EmptyScenario),
+        };
+        let api = ApiError::from_bank(nested, "nodes");
+        assert_eq!(
+            (api.status.as_u16(), api.field.as_deref()),
+            (400, Some("nodes[2].scenario"))
+        );
+    }
+}
