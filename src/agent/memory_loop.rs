@@ -97,6 +97,10 @@ pub struct AgentConfig {
     pub sync: SyncPolicy,
     /// How long to wait for another process's writer lock.
     pub lock_wait: Duration,
+    /// Asked between tries for the writer lock; the wait stops (with the
+    /// lock's error) once it returns true. The Python binding checks for
+    /// Ctrl-C here, so a 30 s wait does not outlast it.
+    pub interrupted: Option<fn() -> bool>,
 }
 
 impl AgentConfig {
@@ -112,6 +116,7 @@ impl AgentConfig {
             max_steps: None,
             sync: SyncPolicy::Always,
             lock_wait: Duration::from_secs(30),
+            interrupted: None,
         }
     }
 

@@ -54,6 +54,8 @@ pub struct DirStore {
     pub sync: SyncPolicy,
     /// How long to wait for another process's writer lock.
     pub lock_wait: Duration,
+    /// `AgentConfig::interrupted`.
+    pub interrupted: Option<fn() -> bool>,
 }
 
 impl DirStore {
@@ -62,6 +64,7 @@ impl DirStore {
             bank: config.bank.clone(),
             sync: config.sync,
             lock_wait: config.lock_wait,
+            interrupted: config.interrupted,
         }
     }
 
@@ -80,7 +83,13 @@ impl DirStore {
             sync: self.sync,
             ..OpenOptions::default()
         };
-        Ok(Bank::open_dir_waiting(&self.bank, options, self.lock_wait)?)
+        let interrupted = || self.interrupted.is_some_and(|asked| asked());
+        Ok(Bank::open_dir_waiting_unless(
+            &self.bank,
+            options,
+            self.lock_wait,
+            interrupted,
+        )?)
     }
 }
 
