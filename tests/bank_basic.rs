@@ -559,6 +559,10 @@ fn a_reader_opened_before_a_compact_still_answers_after_it() {
         .unwrap();
     writer.checkpoint().unwrap();
     assert_eq!(all_answers(&reader), expected);
+    // Its verify reads its own generation's files too (the payload log's
+    // length was read through a fresh open of the deleted name).
+    let report = reader.verify().unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
 }
 
 /// A MANIFEST put back from an earlier state, beside a WAL that holds

@@ -784,7 +784,7 @@ impl Base {
     }
 
     /// The payload log, opened on first use.
-    fn payload_handle(&self) -> Result<Arc<dyn StorageFile>, BankError> {
+    pub(super) fn payload_handle(&self) -> Result<Arc<dyn StorageFile>, BankError> {
         let mut slot = self.payload_file.lock().unwrap();
         if let Some(f) = slot.as_ref() {
             return Ok(f.clone());

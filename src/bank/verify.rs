@@ -8,8 +8,7 @@ use crate::format::row::{ROW_SIZE_BYTES, Row};
 use crate::format::{NODE_NONE, crc32};
 use crate::storage::wal::scan;
 use crate::storage::{
-    MANIFEST_FILE, OpenMode, StorageError, WAL_FILE, payload_file, qvector_segment_file, table_segment_file,
-    vector_segment_file,
+    MANIFEST_FILE, StorageError, WAL_FILE, payload_file, qvector_segment_file, table_segment_file, vector_segment_file,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -497,13 +496,12 @@ impl Bank {
         Ok(())
     }
 
-    /// The payload log must reach the manifest's payload end.
+    /// The payload log must reach the manifest's payload end. Read through
+    /// the handle's own payload file (a reader opens it at open): a compact
+    /// by the writer since then deletes the name, not the file.
     fn verify_payload_length(&self, report: &mut VerifyReport) -> Result<(), BankError> {
         let name = payload_file(self.manifest.generation);
-        let payload = self
-            .storage
-            .open(&name, OpenMode::Read)
-            .map_err(StorageError::io("open", self.storage.describe(&name)))?;
+        let payload = self.base.payload_handle()?;
         let len = payload
             .len_bytes()
             .map_err(StorageError::io("stat", self.storage.describe(&name)))?;
