@@ -683,6 +683,26 @@ fn garbage_replies_are_clear_errors_and_change_nothing() {
                 }
             )
         }),
+        // A reply too large to store: the reply's fault (a 502 on the
+        // server), not the episode's (it was a 400 naming `payload`).
+        (
+            vec![
+                content(&format!(
+                    "{{\"activation_condition\": \"x\", \"execution_procedure\": \"{}\"}}",
+                    "y".repeat(5 << 20)
+                )),
+                content(&knowledge("K2")),
+            ],
+            |e| {
+                matches!(
+                    e,
+                    AgentError::Reply {
+                        source: ReplyError::TooLarge { .. },
+                        ..
+                    }
+                )
+            },
+        ),
         // The task reply is fine, the env reply is garbage: still nothing written.
         (vec![content(&skill("A2")), content("no idea")], |e| {
             matches!(

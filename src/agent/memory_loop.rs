@@ -547,6 +547,22 @@ impl MemoryLoop {
         };
         let task_node = self.new_node(&task_plan, task_kind, task_fields, task_label, &vectors[0], episode);
         let env_node = self.new_node(&env_plan, env_kind, env_fields, Label::Success, &vectors[1], episode);
+        // The episode was checked already and its trajectory is shortened
+        // to the configured length: a payload over the limit is the reply's.
+        for (node, kind) in [(&task_node, task_kind), (&env_node, env_kind)] {
+            let size_bytes = node.as_ref().map_or(0, |n| n.payload.size_bytes());
+            if size_bytes > crate::format::MAX_PAYLOAD_BYTES {
+                let limit_bytes = crate::format::MAX_PAYLOAD_BYTES;
+                let source = ReplyError::TooLarge {
+                    size_bytes,
+                    limit_bytes,
+                };
+                return Err(AgentError::Reply {
+                    prompt: kind.id(),
+                    source,
+                });
+            }
+        }
         // The whole episode is one WAL record: its new nodes, the retrieval
         // counts of the chains it used and its success hits. After a crash
         // all of it exists or none of it does.

@@ -26,6 +26,10 @@ pub enum ReplyError {
     MissingField { field: String, excerpt: String },
     #[error("the reply says skip, but this prompt has no retrieved chain to defer to")]
     SkipNotAllowed,
+    #[error(
+        "the node built from the reply has a payload of {size_bytes} bytes, over the bank's limit of {limit_bytes}"
+    )]
+    TooLarge { size_bytes: usize, limit_bytes: usize },
 }
 
 /// A parsed reply: the model declined to write a node, or gave fields.
