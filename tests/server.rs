@@ -539,6 +539,60 @@ fn a_token_guards_every_request() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("token"));
 }
 
+/// A loopback server without a token answers only requests addressed to
+/// it: a page elsewhere could write to the bank with a `text/plain` POST
+/// (no CORS preflight), or read it after rebinding its DNS name to
+/// 127.0.0.1. Both stored and read before; only `/mcp` checked `Host`.
+#[test]
+fn requests_addressed_from_another_site_are_refused() {
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &[]);
+    let address = server.address();
+    let port = address.rsplit_once(':').unwrap().1.to_string();
+    let body = node("task", json!("root"), "planted", &one_hot(0)).to_string();
+    let post = |host: &str, origin: Option<&str>| {
+        let origin = origin.map_or(String::new(), |o| format!("Origin: {o}\r\n"));
+        let head = format!(
+            "POST /v1/nodes HTTP/1.1\r\nHost: {host}\r\n{origin}Content-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        raw_exchange(&address, &head, body.as_bytes())
+    };
+    let refused = [
+        ("rebind.attacker.example".to_string(), None),
+        (format!("rebind.attacker.example:{port}"), None),
+        (address.clone(), Some("http://attacker.example")),
+        (address.clone(), Some("null")),
+        (address.clone(), Some("http://127.0.0.1.attacker.example")),
+    ];
+    for (host, origin) in &refused {
+        let answer = post(host, *origin);
+        assert!(
+            answer.starts_with("HTTP/1.1 403") && answer.contains("\"error\""),
+            "{host} {origin:?}: {answer}"
+        );
+    }
+    let head = format!("GET /v1/trees/task/dump HTTP/1.1\r\nHost: evil.example:{port}\r\nConnection: close\r\n\r\n");
+    assert!(raw_exchange(&address, &head, b"").starts_with("HTTP/1.1 403"));
+    assert_eq!(
+        server.get("/v1/bank")["node_count"],
+        0,
+        "a refused request stored nothing"
+    );
+    // Its own names, and its own pages' origin, are answered.
+    for (host, origin) in [
+        (format!("localhost:{port}"), None),
+        (format!("[::1]:{port}"), None),
+        (address.clone(), Some(format!("http://127.0.0.1:{port}"))),
+        (format!("LOCALHOST:{port}"), Some(format!("http://localhost:{port}"))),
+    ] {
+        let answer = post(&host, origin.as_deref());
+        assert!(answer.starts_with("HTTP/1.1 200"), "{host} {origin:?}: {answer}");
+    }
+    assert_eq!(server.get("/v1/bank")["node_count"], 4);
+    assert_eq!(server.terminate(), 0);
+}
+
 /// Writers on many threads, readers beside them: every acknowledged node
 /// is there with its content, every counter equals the acknowledged hits,
 /// and the writes shared fsyncs.
@@ -991,4 +1045,53 @@ fn serves_on_an_owner_only_unix_socket() {
     let said = refusal(spawn_unix(&path, &socket));
     assert!(said.contains("is not a socket"), "{said}");
     assert_eq!(std::fs::read_to_string(&socket).unwrap(), "not a socket");
+}
+
+/// A read-only server follows the bank's writer in another process: a
+/// record the writer made durable (still only in its WAL), then its
+/// checkpoint, then more. It kept the view it opened with, and answered
+/// 404 for acknowledged nodes however long it ran.
+#[test]
+fn a_read_only_server_follows_the_writer() {
+    use deltamem::{Attach, Bank, Label, NewNode, OpenOptions, Payload};
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &["--read-only"]);
+    let mut writer = Bank::open_dir(&path, OpenOptions::default()).unwrap();
+    let insert = |writer: &mut Bank, i: usize| {
+        let node = NewNode {
+            tree: "task".into(),
+            attach: Attach::Root,
+            label: Label::Success,
+            payload: Payload {
+                scenario: format!("written {i}"),
+                fields: BTreeMap::new(),
+            },
+            embedding: one_hot(i),
+            external_id: Some(format!("w{i}")),
+        };
+        writer.insert(node).unwrap();
+    };
+    // Polls (bounded) until the server shows `count` nodes.
+    let shows = |count: u64| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while server.get("/v1/bank")["node_count"] != count {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the read-only server never showed {count} nodes"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    insert(&mut writer, 0);
+    shows(1);
+    assert_eq!(server.get("/v1/nodes/w0")["scenario"], "written 0");
+    writer.checkpoint().unwrap();
+    insert(&mut writer, 1);
+    shows(2);
+    writer.close().unwrap();
+    let mut writer = Bank::open_dir(&path, OpenOptions::default()).unwrap();
+    insert(&mut writer, 2);
+    shows(3);
+    assert_eq!(server.get("/v1/nodes/w2")["scenario"], "written 2");
+    drop(writer);
 }

@@ -153,6 +153,8 @@ pub struct Bank {
     external_ids: Mutex<Option<HashMap<ExternalKey, u32>>>,
     /// Threads a query scan may use (see `set_query_threads`).
     query_threads: usize,
+    /// Where the WAL records this handle read end (`has_news`).
+    wal_seen_end_bytes: u64,
 }
 
 impl Bank {

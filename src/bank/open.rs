@@ -296,6 +296,7 @@ impl Bank {
             writer,
             external_ids: Mutex::new(None),
             query_threads: 1,
+            wal_seen_end_bytes: 0,
         }
     }
 
@@ -361,6 +362,9 @@ impl Bank {
         }
         if !stale {
             bank.replay(&wal_scan)?;
+            // A stale WAL leaves 0: a reader then sees news at every ask
+            // (its header), until a writer replaces the WAL and it reopens.
+            bank.wal_seen_end_bytes = wal_scan.valid_end_bytes;
         }
         if let Some(lock) = lock {
             let wal = if stale {
@@ -540,13 +544,47 @@ impl Bank {
         if self.writer.is_some() {
             return Ok(());
         }
-        *self = Bank::open(
-            self.storage.clone(),
-            OpenOptions {
-                read_only: true,
-                ..OpenOptions::default()
-            },
-        )?;
+        *self = self.reopened()?;
         Ok(())
+    }
+
+    /// A new read-only handle on this handle's bank, with its settings:
+    /// built beside this one, so queries can go on using this one until
+    /// the new one takes its place.
+    pub fn reopened(&self) -> Result<Bank, BankError> {
+        let options = OpenOptions {
+            read_only: true,
+            ..OpenOptions::default()
+        };
+        let mut fresh = Bank::open(self.storage.clone(), options)?;
+        fresh.set_query_threads(self.query_threads);
+        Ok(fresh)
+    }
+
+    /// For read-only handles: whether the writer has made durable anything
+    /// this handle does not show, a new manifest (a checkpoint) or a WAL
+    /// record after the ones it read. Two small reads (the manifest, and
+    /// a few bytes where the next record would start: zeros written ahead
+    /// or the file's end while there is none), so a long-lived reader can
+    /// ask often and `refresh` only when it is worth it. False for the
+    /// writer, which always sees its own state.
+    pub fn has_news(&self) -> Result<bool, BankError> {
+        if self.writer.is_some() {
+            return Ok(false);
+        }
+        if read_manifest(self.storage.as_ref())?.sequence != self.manifest.sequence {
+            return Ok(true);
+        }
+        let desc = self.storage.describe(WAL_FILE);
+        let wal = self
+            .storage
+            .open(WAL_FILE, OpenMode::Read)
+            .map_err(StorageError::io("open", desc.clone()))?;
+        let len_bytes = wal.len_bytes().map_err(StorageError::io("stat", desc.clone()))?;
+        let mut next = [0u8; 8];
+        let readable = len_bytes.saturating_sub(self.wal_seen_end_bytes).min(next.len() as u64) as usize;
+        wal.read_exact_at(&mut next[..readable], self.wal_seen_end_bytes)
+            .map_err(StorageError::io("read", desc))?;
+        Ok(next[..readable].iter().any(|&b| b != 0))
     }
 }

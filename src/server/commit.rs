@@ -80,6 +80,16 @@ pub(super) fn writer_loop(shared: &Shared, rx: &Receiver<WriteJob>) {
 /// The next write to apply: Some(None) when none came but held writes may
 /// now be due for their fsync (`batch`), None once the queue is closed.
 fn next_job(shared: &Shared, rx: &Receiver<WriteJob>, last_sync: Instant) -> Option<Option<WriteJob>> {
+    if shared.read_only {
+        return match rx.recv_timeout(READER_REFRESH) {
+            Ok(job) => Some(Some(job)),
+            Err(RecvTimeoutError::Timeout) => {
+                refresh_reader(shared);
+                Some(None)
+            }
+            Err(RecvTimeoutError::Disconnected) => None,
+        };
+    }
     if shared.unsynced.is_empty() {
         return rx.recv().ok().map(Some);
     }
@@ -87,6 +97,28 @@ fn next_job(shared: &Shared, rx: &Receiver<WriteJob>, last_sync: Instant) -> Opt
         Ok(job) => Some(Some(job)),
         Err(RecvTimeoutError::Timeout) => Some(None),
         Err(RecvTimeoutError::Disconnected) => None,
+    }
+}
+
+/// How often a read-only server asks whether the bank's writer (another
+/// process) has made anything new durable: the longest a read-only server
+/// answers from an older view.
+const READER_REFRESH: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// A read-only server's view follows the writer: when the bank has news
+/// (two small reads), a new view is opened beside the current one, which
+/// queries go on using, and only the swap takes the exclusive lock. A
+/// failed open (e.g. a checkpoint caught half-way) keeps the current view
+/// until the next ask.
+fn refresh_reader(shared: &Shared) {
+    let fresh = match shared.bank.read() {
+        Ok(bank) if bank.has_news().unwrap_or(false) => bank.reopened(),
+        _ => return,
+    };
+    if let (Ok(fresh), Ok(mut bank)) = (fresh, shared.bank.write()) {
+        *bank = fresh;
+        drop(bank);
+        announce(shared);
     }
 }
 

@@ -71,6 +71,9 @@ pub(super) struct Shared {
     /// The policy acknowledgements honour (`None`: ack before any fsync).
     pub policy: SyncPolicy,
     pub unsynced: Unsynced,
+    /// A read-only server: its writer thread refreshes the bank's view
+    /// instead of applying writes (`commit::refresh_reader`).
+    pub read_only: bool,
 }
 
 pub struct Core {
@@ -140,6 +143,7 @@ impl Core {
             changes,
             policy,
             unsynced: Unsynced::default(),
+            read_only,
         });
         let (tx, rx) = sync_channel(WRITE_QUEUE_LEN);
         let for_thread = shared.clone();

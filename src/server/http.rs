@@ -56,6 +56,10 @@ pub struct AppState {
     /// Cancelled at shutdown: ends endless responses (event streams) so
     /// the graceful shutdown does not wait for them forever.
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// On loopback TCP, the host names a request may be addressed to
+    /// (`Host`, and `Origin` when sent); None elsewhere (a Unix socket,
+    /// which no browser reaches, or a public address, which needs a token).
+    pub local_names: Option<Arc<[String]>>,
 }
 
 impl AppState {
@@ -103,7 +107,10 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
     let matched = request.extensions().get::<MatchedPath>().cloned();
     let unmatched = unmatched_route(request.uri().path());
     let response = match authorised(&state, &request) {
-        true => match check_framing(request.headers(), &state.limits) {
+        true => match foreign_address(&state, request.headers()).map_or_else(
+            || check_framing(request.headers(), &state.limits),
+            |refused| Err(ApiError::new(StatusCode::FORBIDDEN, refused)),
+        ) {
             Ok(()) => next.run(request).await,
             Err(e) => e.into_response(),
         },
@@ -187,6 +194,52 @@ fn authorised(state: &AppState, request: &Request) -> bool {
         return false;
     };
     given.as_bytes().ct_eq(token.as_bytes()).into()
+}
+
+/// The host names a server listening on `bound` answers to: loopback
+/// names and the address itself.
+pub fn local_names(bound: &super::ListenAddr) -> Vec<String> {
+    let mut names = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
+    if let super::ListenAddr::Tcp(addr) = bound {
+        names.push(addr.ip().to_string());
+    }
+    names
+}
+
+/// Why a request to a loopback server is refused as addressed from
+/// elsewhere, if it is: a `Host` that is not a local name (a page that
+/// rebound its own DNS name to 127.0.0.1), or an `Origin` that is not (a
+/// page on another site: a form or a `text/plain` POST needs no CORS
+/// preflight, so without this any page the user opens could write to the
+/// bank). Without a `Host` (HTTP/1.0) only `Origin` is looked at.
+fn foreign_address(state: &AppState, headers: &axum::http::HeaderMap) -> Option<String> {
+    let names = state.local_names.as_ref()?;
+    let local = |authority: &str| {
+        let host = match authority.strip_prefix('[') {
+            Some(bracketed) => bracketed.split(']').next().unwrap_or(""),
+            None => authority.rsplit_once(':').map_or(authority, |(host, _port)| host),
+        };
+        names.iter().any(|n| n.eq_ignore_ascii_case(host))
+    };
+    if let Some(host) = headers.get(header::HOST) {
+        let text = host.to_str().unwrap_or("");
+        if !local(text) {
+            return Some(format!(
+                "Host {:?} is not a name of this loopback server (DNS-rebinding guard)",
+                String::from_utf8_lossy(host.as_bytes())
+            ));
+        }
+    }
+    let origin = headers.get(header::ORIGIN)?;
+    let text = origin.to_str().unwrap_or("");
+    let authority = text.strip_prefix("http://").or_else(|| text.strip_prefix("https://"));
+    match authority.is_some_and(local) {
+        true => None,
+        false => Some(format!(
+            "Origin {:?} is another site: a loopback server answers only its own pages",
+            String::from_utf8_lossy(origin.as_bytes())
+        )),
+    }
 }
 
 /// Whether an address is loopback (serving elsewhere needs a token).

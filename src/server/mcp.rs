@@ -368,10 +368,7 @@ pub fn http_service<S: Clone + Send + Sync + 'static>(
     let memory = Arc::new(core);
     // Host validation guards a loopback server against DNS rebinding; the
     // address it was told to listen on is allowed too.
-    let mut hosts = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
-    if let super::ListenAddr::Tcp(addr) = bound {
-        hosts.push(addr.ip().to_string());
-    }
+    let hosts = super::http::local_names(bound);
     let config = StreamableHttpServerConfig::default()
         .with_cancellation_token(cancel)
         .with_allowed_hosts(hosts);

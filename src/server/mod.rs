@@ -148,6 +148,10 @@ async fn run_on<L: listen::Accept>(
         limits: Arc::new(config.limits.clone()),
         token: config.token.map(Arc::new),
         shutdown: cancel.clone(),
+        local_names: match &bound {
+            ListenAddr::Tcp(addr) if addr.ip().is_loopback() => Some(http::local_names(&bound).into()),
+            _ => None,
+        },
     };
     let mcp = mcp::http_service(core, &bound, cancel.clone());
     let app = http::router(state, mcp);
