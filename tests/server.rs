@@ -862,6 +862,37 @@ fn a_slow_client_blocks_no_one() {
     assert_eq!(server.get("/v1/bank")["node_count"], 5);
 }
 
+/// A client that asks for a dump of 40 MB and does not read it: once a
+/// write makes no progress for the time limit, the server ends the
+/// connection (it held the answer's buffers and the connection for as long
+/// as the client liked), and other clients are answered meanwhile.
+#[test]
+fn a_client_that_stops_reading_is_cut_off() {
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &["--request-timeout-ms", "1000"]);
+    let text = "a fairly long procedure step. ".repeat(400_000 / 30);
+    for i in 0..100 {
+        let mut n = node("task", json!("root"), &format!("big {i}"), &one_hot(i));
+        n["payload"] = json!({"execution_procedure": text});
+        server.post("/v1/nodes", &n);
+    }
+    let address = server.address();
+    let mut stalled = TcpStream::connect(&address).unwrap();
+    let head = format!("GET /v1/trees/task/dump HTTP/1.1\r\nHost: {address}\r\n\r\n");
+    stalled.write_all(head.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(server.get("/v1/bank")["node_count"], 100, "others are answered");
+    stalled.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut received = Vec::new();
+    let ended = stalled.read_to_end(&mut received);
+    let whole_bytes = 100 * text.len();
+    assert!(
+        received.len() < whole_bytes,
+        "the whole dump ({} bytes) was sent to a client that did not read: {ended:?}",
+        received.len()
+    );
+}
+
 #[test]
 fn sigterm_checkpoints_and_exits_zero() {
     let (_dir, path) = bank(DIM as u32);

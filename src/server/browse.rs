@@ -25,8 +25,14 @@ use axum::Json;
 /// The explorer page, embedded at build time.
 static EXPLORER: Dir<'_> = include_dir!("$CARGO_MANIFEST_DIR/src/server/explorer");
 
-/// Nodes a dump sends per chunk of the stream.
+/// Rows a dump reads per chunk of the stream, at most: the bank is
+/// read-locked once per chunk.
 const DUMP_CHUNK_NODES: u32 = 512;
+
+/// A chunk ends once it holds this many bytes (and one node more, at
+/// most): 512 nodes of 4 MiB payloads made chunks of 2 GB, and a client
+/// that did not read held three of them.
+const DUMP_CHUNK_BYTES: usize = 1 << 20;
 /// Default number of search hits.
 const SEARCH_DEFAULT_LIMIT: usize = 20;
 
@@ -92,11 +98,15 @@ pub async fn dump(State(state): State<AppState>, tree: Result<Path<String>, Path
                 .read()
                 .map_err(|e| e.message)
                 .and_then(|bank| dump_chunk(&bank, wanted, start..end).map_err(|e| e.to_string()));
+            let (chunk, next) = match chunk {
+                Ok((bytes, next)) => (Ok(bytes), next),
+                Err(e) => (Err(e), count),
+            };
             let failed = chunk.is_err();
             if tx.blocking_send(chunk.map_err(std::io::Error::other)).is_err() || failed {
                 return;
             }
-            start = end;
+            start = next;
         }
     });
     let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
@@ -107,16 +117,21 @@ pub async fn dump(State(state): State<AppState>, tree: Result<Path<String>, Path
         .into_response())
 }
 
-fn dump_chunk(bank: &Bank, tree: u16, range: std::ops::Range<u32>) -> Result<Vec<u8>, crate::BankError> {
+/// The lines of the tree's nodes in `range`, ending early once
+/// `DUMP_CHUNK_BYTES` are held; returns them and the next row to read.
+fn dump_chunk(bank: &Bank, tree: u16, range: std::ops::Range<u32>) -> Result<(Vec<u8>, u32), crate::BankError> {
     let mut out = Vec::new();
-    for index in range {
+    for index in range.clone() {
         if bank.row(index)?.tree == tree {
             let line = NodeReply::read(bank, index, false)?;
             serde_json::to_writer(&mut out, &line).expect("a node serialises");
             out.push(b'\n');
+            if out.len() >= DUMP_CHUNK_BYTES {
+                return Ok((out, index + 1));
+            }
         }
     }
-    Ok(out)
+    Ok((out, range.end))
 }
 
 /// Indexes of a node's children (a scan of the rows).

@@ -7,8 +7,9 @@
 //! them used up the process's file descriptors, and one of them kept a
 //! graceful shutdown waiting forever. Here the head of every request,
 //! the first on a connection or the next on a kept-alive one, must arrive
-//! within the request time limit, or hyper closes the connection; and a
-//! shutdown waits a bounded time for the requests still in flight.
+//! within the request time limit, or hyper closes the connection; a write
+//! to a client that does not read for that long ends the connection; and
+//! a shutdown waits a bounded time for the requests still in flight.
 
 use std::future::Future;
 use std::io;
@@ -61,7 +62,14 @@ pub async fn serve<L: Accept>(
             () = &mut stop => break,
         };
         let service = TowerToHyperService::new(app.clone());
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        // A client that stops reading its answer (a dump, a large batch,
+        // an event stream) would hold the answer's buffers and its
+        // connection for as long as it liked: a write that makes no
+        // progress for the time limit ends the connection.
+        let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
+        stream.set_write_timeout(Some(head));
+        let io = TokioIo::new(Box::pin(stream));
+        let connection = graceful.watch(http.serve_connection(io, service));
         // A connection's error (a reset, a head too slow) is its own.
         tokio::spawn(async move { drop(connection.await) });
     }
