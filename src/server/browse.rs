@@ -187,36 +187,55 @@ pub async fn search(
             format!("limit must be in 1..={}", state.limits.page_items),
         ));
     }
+    let request_ms = state.limits.request_ms;
     state
-        .blocking(move |core| {
-            let bank = core.read()?;
-            let tree = params
-                .tree
-                .as_deref()
-                .map(|t| bank.tree_index(t))
-                .transpose()
-                .map_err(bank_error("tree"))?;
-            let in_tree = |index: u32| tree.is_none_or(|t| bank.row(index).is_ok_and(|r| r.tree == t));
-            let mut found: Vec<u32> = exact_match(&bank, &params.q)
-                .into_iter()
-                .filter(|&i| in_tree(i))
-                .collect();
+        .blocking_until(move |core, deadline| {
+            let (tree, mut found) = {
+                let bank = core.read()?;
+                let tree = params
+                    .tree
+                    .as_deref()
+                    .map(|t| bank.tree_index(t))
+                    .transpose()
+                    .map_err(bank_error("tree"))?;
+                let exact = exact_match(&bank, &params.q);
+                (
+                    tree,
+                    exact
+                        .into_iter()
+                        .filter(|&i| in_tree(&bank, tree, i))
+                        .collect::<Vec<u32>>(),
+                )
+            };
             let needle = params.q.to_lowercase();
-            for index in 0..bank.node_count() {
-                if found.len() >= limit || needle.is_empty() {
+            let mut next = 0u32;
+            while found.len() < limit && !needle.is_empty() {
+                // A chunk at a time: a write waits for one chunk, not the
+                // whole scan, and a search past its time limit stops (it
+                // was answered 503 and went on holding the bank).
+                if std::time::Instant::now() > deadline {
+                    return Err(super::http::time_limit(request_ms));
+                }
+                let bank = core.read()?;
+                let end = next.saturating_add(SEARCH_CHUNK_ROWS).min(bank.node_count());
+                if next >= end {
                     break;
                 }
-                if !in_tree(index) || found.contains(&index) {
-                    continue;
+                for index in next..end {
+                    if found.len() >= limit || !in_tree(&bank, tree, index) || found.contains(&index) {
+                        continue;
+                    }
+                    let payload = bank.payload(index).map_err(bank_error("q"))?;
+                    if payload.scenario.to_lowercase().contains(&needle)
+                        || payload.fields.values().any(|v| v.to_lowercase().contains(&needle))
+                    {
+                        found.push(index);
+                    }
                 }
-                let payload = bank.payload(index).map_err(bank_error("q"))?;
-                if payload.scenario.to_lowercase().contains(&needle)
-                    || payload.fields.values().any(|v| v.to_lowercase().contains(&needle))
-                {
-                    found.push(index);
-                }
+                next = end;
             }
             found.truncate(limit);
+            let bank = core.read()?;
             let nodes = found
                 .into_iter()
                 .map(|i| NodeSummary::new(&bank, i))
@@ -225,6 +244,13 @@ pub async fn search(
             Ok(Json(NodeList { nodes }))
         })
         .await
+}
+
+/// Rows a search reads under one hold of the bank's shared lock.
+const SEARCH_CHUNK_ROWS: u32 = 1024;
+
+fn in_tree(bank: &Bank, tree: Option<u16>, index: u32) -> bool {
+    tree.is_none_or(|t| bank.row(index).is_ok_and(|r| r.tree == t))
 }
 
 /// The node `q` names as an index or an external id, if any.

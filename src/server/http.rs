@@ -69,8 +69,19 @@ impl AppState {
         &self,
         work: impl FnOnce(&Arc<Core>) -> ApiResult<T> + Send + 'static,
     ) -> ApiResult<T> {
+        self.blocking_until(move |core, _deadline| work(core)).await
+    }
+
+    /// `blocking` for work that can stop by itself: it is given the
+    /// instant its answer is due, and should give up (`time_limit`)
+    /// rather than go on after its request was answered 503.
+    pub async fn blocking_until<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Arc<Core>, Instant) -> ApiResult<T> + Send + 'static,
+    ) -> ApiResult<T> {
         let core = self.core.clone();
-        let task = tokio::task::spawn_blocking(move || work(&core));
+        let deadline = Instant::now() + Duration::from_millis(self.limits.request_ms);
+        let task = tokio::task::spawn_blocking(move || work(&core, deadline));
         match tokio::time::timeout(Duration::from_millis(self.limits.request_ms), task).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(ApiError::new(
@@ -82,7 +93,7 @@ impl AppState {
     }
 }
 
-fn time_limit(request_ms: u64) -> ApiError {
+pub(super) fn time_limit(request_ms: u64) -> ApiError {
     ApiError::unavailable(format!("the request took longer than the {request_ms} ms limit"))
 }
 
