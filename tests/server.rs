@@ -307,7 +307,17 @@ fn every_error_status_names_the_problem() {
     let e = server.fails("POST", "/v1/nodes", Some(&insert(json!({"embedding": [1, 2]}))), 400);
     assert_eq!(e["field"], "embedding", "{e}");
     let e = server.fails("POST", "/v1/nodes", Some(&insert(json!({"colour": "red"}))), 400);
-    assert!(e["error"].as_str().unwrap().contains("colour"), "{e}");
+    assert!(
+        e["error"].as_str().unwrap().contains("colour") && e["field"] == "colour",
+        "{e}"
+    );
+    // A missing field is named as a field too (it had no `field`).
+    let mut missing = node("task", json!("root"), "b", &one_hot(1));
+    missing.as_object_mut().unwrap().remove("payload");
+    let e = server.fails("POST", "/v1/nodes", Some(&missing.to_string()), 400);
+    assert_eq!(e["field"], "payload", "{e}");
+    let e = server.fails("GET", "/v1/trees/task/nodes?limit=many", None, 400);
+    assert_eq!(e["field"], "limit", "{e}");
     let e = server.fails("POST", "/v1/nodes", Some(&insert(json!({"scenario": ""}))), 400);
     assert_eq!(e["field"], "scenario", "{e}");
     let e = server.fails("POST", "/v1/nodes", Some(&insert(json!({"label": "MAYBE"}))), 400);
@@ -525,6 +535,12 @@ fn a_token_guards_every_request() {
         let (status, _) = server.call_with(method, route, Some("{}"), Some("a-long-enough-secret-tokeN"));
         assert_eq!(status, 401, "{route} with a wrong token");
     }
+    // The scheme's name in any case (RFC 9110); it was refused 401.
+    let address = server.address();
+    let head = format!(
+        "GET /healthz HTTP/1.1\r\nHost: {address}\r\nAuthorization: bearer {token}\r\nConnection: close\r\n\r\n"
+    );
+    assert!(raw_exchange(&address, &head, b"").starts_with("HTTP/1.1 200"));
     server.token = Some(token.into());
     assert_eq!(server.get("/healthz")["ok"], true);
     server.post("/v1/nodes", &node("task", json!("root"), "a", &one_hot(0)));

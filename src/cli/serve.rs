@@ -52,7 +52,7 @@ fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
-/// The token from the file (trimmed), else from $DELTAMEM_TOKEN.
+/// The token from the file (trimmed), else from $DELTAMEM_TOKEN (unless empty).
 fn read_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
     let token = match file {
         Some(path) => Some(
@@ -61,7 +61,12 @@ fn read_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
                 .trim()
                 .to_string(),
         ),
-        None => std::env::var("DELTAMEM_TOKEN").ok().map(|t| t.trim().to_string()),
+        // An empty variable (`DELTAMEM_TOKEN= deltamem serve`) is unset, as
+        // shells and env files write "no token"; a short one is refused.
+        None => std::env::var("DELTAMEM_TOKEN")
+            .ok()
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty()),
     };
     match token {
         Some(t) if t.len() < 16 => bail!("the bearer token must be at least 16 characters"),

@@ -200,7 +200,9 @@ fn authorised(state: &AppState, request: &Request) -> bool {
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|v| v.split_once(' '))
+        // The scheme's name is case-insensitive (RFC 9110 §11.1).
+        .and_then(|(scheme, given)| scheme.eq_ignore_ascii_case("bearer").then_some(given))
     else {
         return false;
     };
@@ -403,10 +405,33 @@ fn body_error(body: &[u8], path: &str, inner: &serde_json::Error) -> ApiError {
             ),
         };
     }
-    match path {
-        "." | "" => ApiError::new(StatusCode::BAD_REQUEST, format!("bad JSON body: {reason}")),
-        _ => ApiError::bad_field(path, format!("field {path:?}: {reason}")),
+    // serde_path_to_error's path ends at an unknown field, but stops at the
+    // object for a missing or duplicated one.
+    let named = field_in_reason(&reason).map(|name| match path {
+        "." | "" => name.to_string(),
+        _ if path == name || path.ends_with(&format!(".{name}")) => path.to_string(),
+        _ => format!("{path}.{name}"),
+    });
+    match (path, named) {
+        (_, Some(field)) => ApiError::bad_field(&field, format!("bad JSON body: {reason}")),
+        ("." | "", None) => ApiError::new(StatusCode::BAD_REQUEST, format!("bad JSON body: {reason}")),
+        (_, None) => ApiError::bad_field(path, format!("field {path:?}: {reason}")),
     }
+}
+
+/// The field serde's message is about, where the message is about a field
+/// rather than a value (serde_path_to_error's path stops at the object):
+/// "missing field `x`", "duplicate field `x`", "unknown field `x`, ...".
+/// A query string's error names its field first ("k: invalid digit").
+pub(super) fn field_in_reason(reason: &str) -> Option<&str> {
+    for lead in ["missing field `", "duplicate field `", "unknown field `"] {
+        if let Some(rest) = reason.split_once(lead).map(|(_, rest)| rest) {
+            return rest.split_once('`').map(|(name, _)| name).filter(|n| !n.is_empty());
+        }
+    }
+    let (first, _) = reason.split_once(": ")?;
+    let is_name = !first.is_empty() && first.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    is_name.then_some(first)
 }
 
 /// Bytes scanned at a time by `nesting_beyond`: a block holding none of
@@ -577,5 +602,13 @@ mod tests {
         assert_eq!(e.field.as_deref(), Some("embedding[1]"), "{}", e.message);
         let e = parse_json::<T>(br#"{}"#, 8).unwrap_err();
         assert!(e.message.contains("missing field `embedding`"), "{}", e.message);
+        assert_eq!(e.field.as_deref(), Some("embedding"), "a missing field is named too");
+        let e = parse_json::<T>(br#"{"embedding":[1],"embedding":[2]}"#, 8).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("embedding"), "{}", e.message);
+        assert_eq!(
+            field_in_reason("render: provided string was not `true`"),
+            Some("render")
+        );
+        assert_eq!(field_in_reason("expected a value at line 1: x"), None);
     }
 }

@@ -77,8 +77,16 @@ pub fn tree_name(path: Result<Path<String>, PathRejection>) -> ApiResult<String>
 }
 
 pub fn query_params<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
-    q.map(|Query(v)| v)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("bad query string: {}", e.body_text())))
+    q.map(|Query(v)| v).map_err(|e| {
+        let text = e.body_text();
+        // axum puts its own lead before serde's message.
+        let reason = text.split_once("query string: ").map_or(text.as_str(), |(_, r)| r);
+        let message = format!("bad query string: {reason}");
+        match super::http::field_in_reason(reason) {
+            Some(field) => ApiError::bad_field(field, message),
+            None => ApiError::new(StatusCode::BAD_REQUEST, message),
+        }
+    })
 }
 
 pub fn resolve(bank: &Bank, node: &NodeRef) -> ApiResult<u32> {
