@@ -408,14 +408,7 @@ fn mismatched_inputs_are_refused_before_writing() {
     // A shape written as a list, whose byte count wraps around u64: it got
     // past the size check and failed later as "read failed".
     let wraps = dir.path().join("wraps.npy");
-    let mut header = String::from("{'descr': '<f4', 'fortran_order': False, 'shape': [4611686018427387905, 8], }");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
-    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    bytes.extend_from_slice(header.as_bytes());
+    let mut bytes = npy_v1_header("{'descr': '<f4', 'fortran_order': False, 'shape': [4611686018427387905, 8], }");
     bytes.extend_from_slice(&[0u8; 32]);
     std::fs::write(&wraps, bytes).unwrap();
     let run = import_npy(&bank, &wraps, &[]);
@@ -425,6 +418,19 @@ fn mismatched_inputs_are_refused_before_writing() {
         run.stderr
     );
     assert_eq!(ok(&["stats", s(&bank), "--json"]).json()["nodes"], 0);
+}
+
+/// A version 1.0 `.npy` header holding `dict`, padded as NumPy pads it.
+fn npy_v1_header(dict: &str) -> Vec<u8> {
+    let mut header = String::from(dict);
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes
 }
 
 /// Runs `import --npy /dev/stdin` with `head` and then up to 64 MiB of
@@ -476,14 +482,7 @@ fn a_stream_without_the_npy_magic_is_refused_before_it_is_copied() {
 #[test]
 fn a_stream_longer_than_its_shape_is_refused_without_being_copied_whole() {
     let (_dir, bank) = bank(4, &[]);
-    let mut header = String::from("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4), }");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut head = b"\x93NUMPY\x01\x00".to_vec();
-    head.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    head.extend_from_slice(header.as_bytes());
+    let head = npy_v1_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4), }");
     // 0x3e bytes are the float 0.18..., finite: valid rows if they were read.
     let (code, stderr, blocks_written) = import_from_endless_stdin(&bank, &head, 0x3e);
     assert!(
