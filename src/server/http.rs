@@ -422,16 +422,23 @@ fn body_error(body: &[u8], path: &str, inner: &serde_json::Error) -> ApiError {
 /// The field serde's message is about, where the message is about a field
 /// rather than a value (serde_path_to_error's path stops at the object):
 /// "missing field `x`", "duplicate field `x`", "unknown field `x`, ...".
-/// A query string's error names its field first ("k: invalid digit").
 pub(super) fn field_in_reason(reason: &str) -> Option<&str> {
     for lead in ["missing field `", "duplicate field `", "unknown field `"] {
         if let Some(rest) = reason.split_once(lead).map(|(_, rest)| rest) {
             return rest.split_once('`').map(|(name, _)| name).filter(|n| !n.is_empty());
         }
     }
-    let (first, _) = reason.split_once(": ")?;
-    let is_name = !first.is_empty() && first.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-    is_name.then_some(first)
+    None
+}
+
+/// `field_in_reason` for a query string's error, which also names the
+/// field of a bad value first ("limit: invalid digit found in string").
+pub(super) fn field_in_query_reason(reason: &str) -> Option<&str> {
+    field_in_reason(reason).or_else(|| {
+        let (first, _) = reason.split_once(": ")?;
+        let is_name = !first.is_empty() && first.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        is_name.then_some(first)
+    })
 }
 
 /// Bytes scanned at a time by `nesting_beyond`: a block holding none of
@@ -605,10 +612,13 @@ mod tests {
         assert_eq!(e.field.as_deref(), Some("embedding"), "a missing field is named too");
         let e = parse_json::<T>(br#"{"embedding":[1],"embedding":[2]}"#, 8).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("embedding"), "{}", e.message);
+        let reason = "render: provided string was not `true`";
+        assert_eq!(field_in_query_reason(reason), Some("render"));
         assert_eq!(
-            field_in_reason("render: provided string was not `true`"),
-            Some("render")
+            field_in_reason(reason),
+            None,
+            "only a query string leads with its field"
         );
-        assert_eq!(field_in_reason("expected a value at line 1: x"), None);
+        assert_eq!(field_in_query_reason("expected a value at line 1: x"), None);
     }
 }

@@ -82,7 +82,7 @@ pub fn query_params<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
         // axum puts its own lead before serde's message.
         let reason = text.split_once("query string: ").map_or(text.as_str(), |(_, r)| r);
         let message = format!("bad query string: {reason}");
-        match super::http::field_in_reason(reason) {
+        match super::http::field_in_query_reason(reason) {
             Some(field) => ApiError::bad_field(field, message),
             None => ApiError::new(StatusCode::BAD_REQUEST, message),
         }
