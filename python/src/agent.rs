@@ -298,7 +298,7 @@ impl PyMemoryLoop {
         config.sync = crate::args::sync(py, sync)?;
         config.lock_wait = Duration::try_from_secs_f64(lock_wait_s)
             .map_err(|_| errors::invalid(py, format!("lock_wait_s {lock_wait_s} is not a duration")))?;
-        config.interrupted = Some(signal_pending);
+        config.interrupted = Some(errors::signal_pending);
         config.max_steps = max_steps;
         let embedder = match embedder {
             Some(e) if e.is_callable() => {
@@ -433,7 +433,7 @@ impl PyMemoryLoop {
             let _running = Running::enter(address);
             work(&mut inner)
         });
-        if let Some(signal) = SIGNAL.take() {
+        if let Some(signal) = errors::take_signal() {
             return Err(signal);
         }
         let interrupt = {
@@ -447,25 +447,6 @@ impl PyMemoryLoop {
             return Err(interrupt);
         }
         done.map_err(|e| agent_error(py, e, &self.raised))
-    }
-}
-
-thread_local! {
-    /// The exception a signal handler raised during a wait for the writer
-    /// lock (`signal_pending`), for `run` to raise once the loop returns.
-    static SIGNAL: std::cell::Cell<Option<PyErr>> = const { std::cell::Cell::new(None) };
-}
-
-/// `AgentConfig::interrupted`: runs Python's signal handlers (Ctrl-C) and
-/// keeps what they raised. The wait runs on the thread that called, so
-/// `run` finds it in the same thread's slot.
-fn signal_pending() -> bool {
-    match Python::attach(|py| py.check_signals()) {
-        Ok(()) => false,
-        Err(e) => {
-            SIGNAL.set(Some(e));
-            true
-        }
     }
 }
 

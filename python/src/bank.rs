@@ -228,16 +228,12 @@ impl PyBank {
         // Ctrl-C while waiting for the lock: the wait checks for signals
         // between tries (the GIL is taken for that only) and raises
         // KeyboardInterrupt at once instead of waiting the time out.
-        let mut signal = None;
         let opened = PyBank::opened(py, path, |path| {
-            let mut bank = Bank::open_dir_waiting_unless(path, options, lock_wait, || {
-                signal = Python::attach(|py| py.check_signals()).err();
-                signal.is_some()
-            })?;
+            let mut bank = Bank::open_dir_waiting_unless(path, options, lock_wait, errors::signal_pending)?;
             bank.set_query_threads(query_threads);
             Ok(bank)
         });
-        match signal {
+        match errors::take_signal() {
             Some(e) => Err(e),
             None => opened,
         }

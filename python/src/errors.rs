@@ -81,6 +81,33 @@ fn build(py: Python<'_>, kind: Kind, message: &str, details: &Details) -> PyResu
     Ok(PyErr::from_value(instance))
 }
 
+thread_local! {
+    /// The exception a signal handler raised while a wait for the writer
+    /// lock asked `signal_pending`, for the caller to raise once the wait
+    /// has returned.
+    static SIGNAL: std::cell::Cell<Option<PyErr>> = const { std::cell::Cell::new(None) };
+}
+
+/// The hook a wait for the writer lock asks between tries
+/// (`Bank::open_dir_waiting_unless`, `AgentConfig::interrupted`): runs
+/// Python's signal handlers (Ctrl-C) and keeps what they raised. The wait
+/// runs on the calling thread, so `take_signal` finds it in that thread's
+/// slot.
+pub fn signal_pending() -> bool {
+    match Python::attach(|py| py.check_signals()) {
+        Ok(()) => false,
+        Err(e) => {
+            SIGNAL.set(Some(e));
+            true
+        }
+    }
+}
+
+/// What `signal_pending` caught on this thread, if anything.
+pub fn take_signal() -> Option<PyErr> {
+    SIGNAL.take()
+}
+
 pub fn invalid(py: Python<'_>, message: impl Into<String>) -> PyErr {
     make(py, Kind::Invalid, message.into(), &Details::default())
 }

@@ -348,9 +348,8 @@ impl Bank {
         let (file, offset_bytes) = if row.index < self.base.node_count {
             let segment = row.index / self.base.rows_per_segment;
             let name = crate::storage::table_segment_file(self.manifest.generation, segment);
-            let in_segment =
-                u64::from(row.index % self.base.rows_per_segment) * crate::format::row::ROW_SIZE_BYTES as u64;
-            (name, in_segment + crate::format::row::ROW_EXTERNAL_ID_OFFSET as u64)
+            let field = crate::format::row::ROW_EXTERNAL_ID_OFFSET as u64;
+            (name, self.row_offset_bytes(row.index) + field)
         } else {
             (crate::storage::WAL_FILE.to_string(), 0)
         };
@@ -363,6 +362,11 @@ impl Bank {
                 row.external_id_text().unwrap_or_default()
             ),
         }
+    }
+
+    /// Where row `index` starts in its node-table segment file.
+    pub(crate) fn row_offset_bytes(&self, index: u32) -> u64 {
+        u64::from(index % self.base.rows_per_segment) * crate::format::row::ROW_SIZE_BYTES as u64
     }
 
     /// Chain root-to-node, top-level root first.

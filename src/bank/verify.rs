@@ -150,7 +150,7 @@ impl Bank {
                         self.manifest.generation,
                         index / self.base.rows_per_segment,
                     )),
-                    row_offset(self, index),
+                    self.row_offset_bytes(index),
                     format!("node {index}: payload record not contiguous with the previous one"),
                 );
             }
@@ -239,7 +239,7 @@ impl Bank {
                 report.add(
                     self.storage
                         .describe(&table_segment_file(self.manifest.generation, segment)),
-                    row_offset(self, row.index),
+                    self.row_offset_bytes(row.index),
                     format!(
                         "node {}: payload record not contiguous with the previous one",
                         row.index
@@ -319,7 +319,7 @@ impl Bank {
             // An int8 row that failed its own check was reported already.
             if want != have && (offset == ROW_VECTOR_SUM_OFFSET || qrow.is_some()) {
                 let segment = row.index / self.base.rows_per_segment;
-                let row_at = (row.index % self.base.rows_per_segment) as usize * ROW_SIZE_BYTES;
+                let row_at = self.row_offset_bytes(row.index) as usize;
                 report.add(
                     self.storage
                         .describe(&crate::storage::table_segment_file(self.manifest.generation, segment)),
@@ -417,7 +417,7 @@ impl Bank {
             ));
             Err(BankError::Corrupt {
                 file,
-                offset_bytes: row_offset(self, row.index),
+                offset_bytes: self.row_offset_bytes(row.index),
                 detail,
             })
         };
@@ -522,8 +522,4 @@ impl Bank {
 fn hash_external_id(row: &Row) -> u64 {
     use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
     BuildHasherDefault::<DefaultHasher>::default().hash_one(external_key(row.external_id, row.flags))
-}
-
-fn row_offset(bank: &Bank, index: u32) -> u64 {
-    u64::from(index % bank.base.rows_per_segment) * ROW_SIZE_BYTES as u64
 }

@@ -82,7 +82,7 @@ impl AppState {
         let core = self.core.clone();
         let deadline = Instant::now() + Duration::from_millis(self.limits.request_ms);
         let task = tokio::task::spawn_blocking(move || work(&core, deadline));
-        match tokio::time::timeout(Duration::from_millis(self.limits.request_ms), task).await {
+        match tokio::time::timeout_at(deadline.into(), task).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
