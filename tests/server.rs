@@ -1142,3 +1142,23 @@ fn a_read_only_server_follows_the_writer() {
     assert_eq!(server.get("/v1/nodes/w2")["scenario"], "written 2");
     drop(writer);
 }
+
+/// A batch query's answer is built whole before it is sent, so the
+/// matches it may ask for (embeddings times `k`) are bounded: 1,024
+/// queries at k = 1,000 would otherwise make a ~90 MB answer from a small
+/// request. The limit is on what is asked, not on what the bank holds.
+#[test]
+fn a_batch_query_asking_for_too_many_matches_is_refused_by_k() {
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &[]);
+    server.post("/v1/nodes", &node("task", json!("root"), "a", &one_hot(0)));
+    let at_limit = json!({"embeddings": vec![one_hot(0); 100], "k": 1000});
+    let answers = server.post("/v1/trees/task/query_batch", &at_limit)["answers"].clone();
+    assert_eq!(answers.as_array().unwrap().len(), 100);
+    assert_eq!(answers[99]["matches"][0]["id"], 0);
+    let over = json!({"embeddings": vec![one_hot(0); 101], "k": 1000}).to_string();
+    let e = server.fails("POST", "/v1/trees/task/query_batch", Some(&over), 400);
+    assert_eq!(e["field"], "k", "{e}");
+    assert!(e["error"].as_str().unwrap().contains("101000 matches"), "{e}");
+    assert_eq!(server.terminate(), 0);
+}

@@ -31,8 +31,13 @@ pub struct Limits {
     pub json_depth: usize,
     /// Longest time to receive a body or answer a read (408 / 503).
     pub request_ms: u64,
-    /// Most nodes in one page of a listing.
+    /// Most nodes in one page of a listing, and the largest `k`.
     pub page_items: usize,
+    /// Most matches one batch query may ask for (embeddings times `k`):
+    /// each is ~90 bytes of JSON, and the answer is built whole before it
+    /// is sent, so 1,024 queries at k = 1,000 would be a ~90 MB answer
+    /// from a 30 KB request.
+    pub batch_matches: usize,
 }
 
 impl Default for Limits {
@@ -43,6 +48,7 @@ impl Default for Limits {
             json_depth: 32,
             request_ms: 30_000,
             page_items: 1000,
+            batch_matches: 100_000,
         }
     }
 }

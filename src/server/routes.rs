@@ -229,6 +229,18 @@ async fn query_batch(
             ),
         ));
     }
+    let asked = embeddings.len().saturating_mul(options.k);
+    if asked > state.limits.batch_matches {
+        return Err(ApiError::bad_field(
+            "k",
+            format!(
+                "{} embeddings at k = {} ask for {asked} matches, the limit is {} per batch",
+                embeddings.len(),
+                options.k,
+                state.limits.batch_matches
+            ),
+        ));
+    }
     let dim = state.core.dim_count();
     for (i, e) in embeddings.iter().enumerate() {
         check_embedding(e, dim, &format!("embeddings[{i}]"))?;
