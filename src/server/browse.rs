@@ -95,7 +95,7 @@ pub async fn dump(State(state): State<AppState>, tree: Result<Path<String>, Path
         while start < count {
             let end = (start + DUMP_CHUNK_NODES).min(count);
             let chunk = core
-                .read()
+                .read_hold()
                 .map_err(|e| e.message)
                 .and_then(|bank| dump_chunk(&bank, wanted, start..end).map_err(|e| e.to_string()));
             let (chunk, next) = match chunk {
@@ -216,7 +216,7 @@ pub async fn search(
                 if std::time::Instant::now() > deadline {
                     return Err(super::http::time_limit(request_ms));
                 }
-                let bank = core.read()?;
+                let bank = core.read_hold()?;
                 let end = next.saturating_add(SEARCH_CHUNK_ROWS).min(bank.node_count());
                 if next >= end {
                     break;

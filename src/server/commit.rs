@@ -115,7 +115,7 @@ fn refresh_reader(shared: &Shared) {
         Ok(bank) if bank.has_news().unwrap_or(false) => bank.reopened(),
         _ => return,
     };
-    if let (Ok(fresh), Ok(mut bank)) = (fresh, shared.bank.write()) {
+    if let (Ok(fresh), Ok(mut bank)) = (fresh, shared.write_bank()) {
         *bank = fresh;
         drop(bank);
         announce(shared);
@@ -124,7 +124,7 @@ fn refresh_reader(shared: &Shared) {
 
 /// Applies a round under the exclusive lock, without an fsync.
 fn apply_round(shared: &Shared, jobs: Vec<WriteJob>) {
-    let Ok(mut bank) = shared.bank.write() else {
+    let Ok(mut bank) = shared.write_bank() else {
         return jobs.into_iter().for_each(|j| drop(j.reply.send(Err(poisoned_lock()))));
     };
     let mut applied = 0;
@@ -162,7 +162,7 @@ pub(super) fn checkpoint_beside_queries(shared: &Shared) -> Result<(), BankError
     let prepared = shared.bank.read().map_err(|_| poisoned())?.prepare_checkpoint();
     let prepare = started.elapsed();
     let published = {
-        let mut bank = shared.bank.write().map_err(|_| poisoned())?;
+        let mut bank = shared.write_bank().map_err(|_| poisoned())?;
         // Timed from the lock's grant: what a query may wait behind.
         let held = Instant::now();
         let published = bank.publish_checkpoint(prepared);
@@ -231,8 +231,7 @@ fn make_durable(shared: &Shared, pending: &DetachedSync) -> Result<(), String> {
     let outcome = pending.run();
     shared.metrics.wal_sync();
     let mut bank = shared
-        .bank
-        .write()
+        .write_bank()
         .map_err(|_| "the bank's lock was poisoned".to_string())?;
     bank.finish_sync(pending, outcome).map_err(|e| e.to_string())
 }

@@ -11,9 +11,11 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::sync::{Arc, LockResult, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use tokio::sync::{oneshot, watch};
@@ -74,7 +76,29 @@ pub(super) struct Shared {
     /// A read-only server: its writer thread refreshes the bank's view
     /// instead of applying writes (`commit::refresh_reader`).
     pub read_only: bool,
+    /// Takers of the exclusive lock waiting for it (`write_bank`).
+    writers_waiting: AtomicU32,
 }
+
+impl Shared {
+    /// The bank's exclusive lock, announced to scans that read in holds
+    /// (`Core::read_hold`). std's lock goes to whoever asks first once it
+    /// is released, and a scan that releases and asks again at once wins
+    /// that race against the writer it just woke nearly every time: a
+    /// 64-query batch read in 10 ms holds kept every insert waiting for
+    /// the whole batch (~100 ms).
+    pub fn write_bank(&self) -> LockResult<RwLockWriteGuard<'_, Bank>> {
+        self.writers_waiting.fetch_add(1, Ordering::SeqCst);
+        let guard = self.bank.write();
+        self.writers_waiting.fetch_sub(1, Ordering::SeqCst);
+        guard
+    }
+}
+
+/// The longest a scan's next hold defers to waiting writers: a writer can
+/// itself be waiting behind a long read (`/v1/stats`), and the scan must
+/// go on meanwhile.
+const HANDOFF_WAIT: Duration = Duration::from_millis(50);
 
 pub struct Core {
     shared: Arc<Shared>,
@@ -144,6 +168,7 @@ impl Core {
             policy,
             unsynced: Unsynced::default(),
             read_only,
+            writers_waiting: AtomicU32::new(0),
         });
         let (tx, rx) = sync_channel(WRITE_QUEUE_LEN);
         let for_thread = shared.clone();
@@ -193,8 +218,25 @@ impl Core {
 
     /// The bank for reading; waits only for a write being applied (never
     /// for an fsync).
+    /// Threads a scan may use.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
     pub fn read(&self) -> ApiResult<RwLockReadGuard<'_, Bank>> {
         self.shared.bank.read().map_err(|_| poisoned_lock())
+    }
+
+    /// The shared lock for the next hold of a scan read in holds (a batch
+    /// query, the circular scan, a search, a dump): a write waiting for the
+    /// exclusive lock goes first (`Shared::write_bank`), for at most
+    /// `HANDOFF_WAIT`.
+    pub fn read_hold(&self) -> ApiResult<RwLockReadGuard<'_, Bank>> {
+        let started = Instant::now();
+        while self.shared.writers_waiting.load(Ordering::SeqCst) > 0 && started.elapsed() < HANDOFF_WAIT {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        self.read()
     }
 
     /// Queues a write; the answer comes once it is durable (per policy).
@@ -322,7 +364,7 @@ impl Core {
 
     /// One chunk of a circular-scan worker; false once the worker ends.
     fn rotation_step(&self, tree: &str) -> bool {
-        let bank = match self.read() {
+        let bank = match self.read_hold() {
             Ok(bank) => bank,
             Err(e) => {
                 self.fail_rotation(tree, &e);

@@ -7,6 +7,7 @@
 mod address;
 #[cfg(feature = "agent")]
 mod agent;
+mod batch_query;
 mod batcher;
 pub mod body;
 mod browse;

@@ -184,29 +184,21 @@ fn queries_run_while_the_automatic_checkpoint_writes() {
     );
 }
 
-/// The circular scan answers what `Bank::query` answers: a bank with
-/// checkpointed and overlay rows over several segments (50 rows each),
-/// failures and a consolidation, scanned in chunks of 64 rows (cut across
-/// segments and the overlay) by queries with different options, a second
-/// set joining after three chunks (so it starts mid-rotation and wraps).
-#[test]
-fn the_circular_scan_answers_what_query_answers() {
-    use crate::bank::{OpenOptions, QueryOptions};
-    use crate::storage::sim::Rng;
-    let dir = tempfile::tempdir().unwrap();
+/// A bank with checkpointed and overlay rows over several segments (50
+/// rows each), residuals, failures and a consolidation: 421 nodes of
+/// dimension 8 in "task". `rng` then gives query vectors.
+fn mixed_bank(dir: &std::path::Path, rng: &mut crate::storage::sim::Rng) -> Bank {
     let mut config = BankConfig::new(8);
     config.rows_per_segment = Some(50);
-    Bank::create_dir(dir.path(), config).unwrap().close().unwrap();
+    Bank::create_dir(dir, config).unwrap().close().unwrap();
     let options = OpenOptions {
         sync: SyncPolicy::None,
         ..OpenOptions::default()
     };
-    let mut bank = Bank::open_dir(dir.path(), options).unwrap();
-    let mut rng = Rng(5);
-    let vector = |rng: &mut Rng| (0..8).map(|_| rng.next_f32() - 0.5).collect::<Vec<f32>>();
+    let mut bank = Bank::open_dir(dir, options).unwrap();
     for i in 0..420 {
         let mut n = node(i);
-        n.embedding = vector(&mut rng);
+        n.embedding = vector8(rng);
         n.label = if i % 3 == 0 { Label::Failure } else { Label::Success };
         if i % 4 == 1 {
             n.attach = Attach::Parent(crate::bank::NodeRef::Index(i as u32 - 1));
@@ -217,16 +209,39 @@ fn the_circular_scan_answers_what_query_answers() {
         }
     }
     bank.consolidate(5, BTreeMap::new()).unwrap();
-    let mut queries = Vec::new();
-    for i in 0..12 {
-        let options = QueryOptions {
-            k: [1, 4, 10][i % 3],
-            tau: Some(-1.0),
-            eps: [None, Some(0.3)][i % 2],
-            include_consolidated: i % 5 == 0,
-        };
-        queries.push((vector(&mut rng), options));
-    }
+    bank
+}
+
+fn vector8(rng: &mut crate::storage::sim::Rng) -> Vec<f32> {
+    (0..8).map(|_| rng.next_f32() - 0.5).collect()
+}
+
+/// Queries with every mix of options the scan treats apart.
+fn mixed_queries(rng: &mut crate::storage::sim::Rng) -> Vec<(Vec<f32>, crate::bank::QueryOptions)> {
+    (0..12)
+        .map(|i| {
+            let options = crate::bank::QueryOptions {
+                k: [1, 4, 10][i % 3],
+                tau: Some(-1.0),
+                eps: [None, Some(0.3)][i % 2],
+                include_consolidated: i % 5 == 0,
+            };
+            (vector8(rng), options)
+        })
+        .collect()
+}
+
+/// The circular scan answers what `Bank::query` answers on `mixed_bank`,
+/// scanned in chunks of 64 rows (cut across segments and the overlay) by
+/// queries with different options, a second set joining after three
+/// chunks (so it starts mid-rotation and wraps).
+#[test]
+fn the_circular_scan_answers_what_query_answers() {
+    use crate::storage::sim::Rng;
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Rng(5);
+    let bank = mixed_bank(dir.path(), &mut rng);
+    let queries = mixed_queries(&mut rng);
     let want: Vec<_> = queries
         .iter()
         .map(|(e, o)| crate::api::QueryReply::new(&bank, bank.query("task", e, o).unwrap()).unwrap())
@@ -250,4 +265,44 @@ fn the_circular_scan_answers_what_query_answers() {
         assert_eq!(got, want, "query {i}");
     }
     core.shutdown().unwrap();
+}
+
+/// A client's batch query, scanned 37 rows per thread and hold of the
+/// lock (cut across segments and the overlay), on one thread and split
+/// between three, answers what `Bank::query_batch` answers, for each mix
+/// of options; past its deadline it gives up.
+#[test]
+fn a_batch_query_in_holds_answers_what_query_batch_answers() {
+    use crate::storage::sim::Rng;
+    for threads in [1, 3] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rng = Rng(9);
+        let bank = mixed_bank(dir.path(), &mut rng);
+        let queries = mixed_queries(&mut rng);
+        let embeddings: Vec<Vec<f32>> = queries.iter().map(|q| q.0.clone()).collect();
+        let wants: Vec<Vec<crate::api::QueryReply>> = queries
+            .iter()
+            .map(|(_, o)| {
+                let found = bank.query_batch("task", &embeddings, o).unwrap();
+                found
+                    .into_iter()
+                    .map(|m| crate::api::QueryReply::new(&bank, m).unwrap())
+                    .collect()
+            })
+            .collect();
+        let core = Core::serve(bank, SyncPolicy::None, threads).unwrap();
+        let later = Instant::now() + Duration::from_secs(600);
+        for ((_, options), want) in queries.iter().zip(wants) {
+            let got = core
+                .query_batch_in_holds("task", &embeddings, options, 37, later)
+                .unwrap();
+            assert_eq!(got, Some(want), "{threads} threads, {options:?}");
+        }
+        let past = Instant::now() - Duration::from_millis(1);
+        let late = core
+            .query_batch_in_holds("task", &embeddings, &queries[0].1, 37, past)
+            .unwrap();
+        assert_eq!(late, None);
+        core.shutdown().unwrap();
+    }
 }
