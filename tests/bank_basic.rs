@@ -1069,3 +1069,82 @@ fn a_column_transaction_stores_what_a_transaction_stores() {
         }
     }
 }
+
+/// A read-only server asks `has_news` every 200 ms and reopens the bank
+/// when it says yes. A torn last record left by a dead writer is not news:
+/// it was, at every ask, so the reader reopened and replayed the whole WAL
+/// five times a second for as long as no writer came. Truncating it is not
+/// news either; the record a new writer appends is.
+#[test]
+fn a_torn_wal_tail_is_news_only_once_a_writer_appends() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal_path = dir.path().join("wal.log");
+    let mut bank = Bank::create_dir(dir.path(), config(4)).unwrap();
+    for i in 0..2 {
+        bank.insert(node("task", Attach::Root, Label::Success, "n", unit(4, i)))
+            .unwrap();
+    }
+    bank.sync().unwrap();
+    let two = std::fs::read(&wal_path).unwrap();
+    bank.insert(node("task", Attach::Root, Label::Success, "torn", unit(4, 2)))
+        .unwrap();
+    drop(bank); // a crash
+    let mut three = std::fs::read(&wal_path).unwrap();
+    let start = (0..two.len()).find(|&i| two[i] != three[i]).unwrap();
+    let body_bytes = u32::from_le_bytes(three[start..start + 4].try_into().unwrap()) as usize;
+    // Half the third record's body never reached the disk.
+    let end = start + 24 + body_bytes;
+    three[end - body_bytes / 2..end].fill(0);
+    std::fs::write(&wal_path, &three).unwrap();
+
+    let read_only = OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    let mut reader = Bank::open_dir(dir.path(), read_only.clone()).unwrap();
+    assert_eq!(reader.node_count(), 2);
+    assert!(!reader.has_news().unwrap(), "a torn tail is not news");
+    assert!(!reader.has_news().unwrap(), "nor at the next ask");
+    let mut writer = Bank::open_dir(dir.path(), OpenOptions::default()).unwrap();
+    assert_eq!(writer.node_count(), 2);
+    assert!(!reader.has_news().unwrap(), "a writer's truncation adds nothing");
+    writer
+        .insert(node("task", Attach::Root, Label::Success, "new", unit(4, 3)))
+        .unwrap();
+    writer.sync().unwrap();
+    assert!(reader.has_news().unwrap(), "the new writer's record is news");
+    reader.refresh().unwrap();
+    assert_eq!(reader.node_count(), 3);
+    assert_eq!(reader.payload(2).unwrap().scenario, "new");
+    assert!(!reader.has_news().unwrap());
+}
+
+/// A stale WAL (a checkpoint's crash left the previous one beside the new
+/// manifest) is not news at every ask either; a writer that replaces it
+/// is news once.
+#[test]
+fn a_stale_wal_is_news_only_once_a_writer_replaces_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal_path = dir.path().join("wal.log");
+    let mut bank = Bank::create_dir(dir.path(), config(4)).unwrap();
+    bank.insert(node("task", Attach::Root, Label::Success, "a", unit(4, 0)))
+        .unwrap();
+    bank.sync().unwrap();
+    let old_wal = std::fs::read(&wal_path).unwrap();
+    bank.checkpoint().unwrap();
+    drop(bank);
+    std::fs::write(&wal_path, &old_wal).unwrap();
+
+    let read_only = OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    let mut reader = Bank::open_dir(dir.path(), read_only).unwrap();
+    assert_eq!(reader.node_count(), 1);
+    assert!(!reader.has_news().unwrap(), "a stale WAL is not news");
+    let writer = Bank::open_dir(dir.path(), OpenOptions::default()).unwrap();
+    assert!(reader.has_news().unwrap(), "the writer replaced the stale WAL");
+    reader.refresh().unwrap();
+    assert!(!reader.has_news().unwrap());
+    drop(writer);
+}

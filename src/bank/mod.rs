@@ -153,8 +153,9 @@ pub struct Bank {
     external_ids: Mutex<Option<HashMap<ExternalKey, u32>>>,
     /// Threads a query scan may use (see `set_query_threads`).
     query_threads: usize,
-    /// Where the WAL records this handle read end (`has_news`).
-    wal_seen_end_bytes: u64,
+    /// Where the WAL records this handle read end (`has_news`); None for
+    /// a writer, and for a reader that found the WAL stale.
+    wal_seen: Option<crate::storage::wal::WalPosition>,
 }
 
 impl Bank {

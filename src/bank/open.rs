@@ -296,7 +296,7 @@ impl Bank {
             writer,
             external_ids: Mutex::new(None),
             query_threads: 1,
-            wal_seen_end_bytes: 0,
+            wal_seen: None,
         }
     }
 
@@ -362,9 +362,7 @@ impl Bank {
         }
         if !stale {
             bank.replay(&wal_scan)?;
-            // A stale WAL leaves 0: a reader then sees news at every ask
-            // (its header), until a writer replaces the WAL and it reopens.
-            bank.wal_seen_end_bytes = wal_scan.valid_end_bytes;
+            bank.wal_seen = options.read_only.then(|| wal_scan.position());
         }
         if let Some(lock) = lock {
             let wal = if stale {
@@ -561,13 +559,14 @@ impl Bank {
         Ok(fresh)
     }
 
-    /// For read-only handles: whether the writer has made durable anything
-    /// this handle does not show, a new manifest (a checkpoint) or a WAL
-    /// record after the ones it read. Two small reads (the manifest, and
-    /// a few bytes where the next record would start: zeros written ahead
-    /// or the file's end while there is none), so a long-lived reader can
-    /// ask often and `refresh` only when it is worth it. False for the
-    /// writer, which always sees its own state.
+    /// For read-only handles: whether the writer has made anything new
+    /// this handle does not show, a new manifest (a checkpoint) or an
+    /// intact WAL record after the ones it read. Small reads (the manifest,
+    /// a record header where the next record would start, and that record
+    /// only when the file holds all of it), so a long-lived reader can ask
+    /// often and `refresh` only when it is worth it: a torn record left by
+    /// a dead writer, or a stale WAL, is news only once a writer has
+    /// replaced it. False for the writer, which always sees its own state.
     pub fn has_news(&self) -> Result<bool, BankError> {
         if self.writer.is_some() {
             return Ok(false);
@@ -580,11 +579,16 @@ impl Bank {
             .storage
             .open(WAL_FILE, OpenMode::Read)
             .map_err(StorageError::io("open", desc.clone()))?;
-        let len_bytes = wal.len_bytes().map_err(StorageError::io("stat", desc.clone()))?;
-        let mut next = [0u8; 8];
-        let readable = len_bytes.saturating_sub(self.wal_seen_end_bytes).min(next.len() as u64) as usize;
-        wal.read_exact_at(&mut next[..readable], self.wal_seen_end_bytes)
-            .map_err(StorageError::io("read", desc))?;
-        Ok(next[..readable].iter().any(|&b| b != 0))
+        match self.wal_seen {
+            Some(at) => Ok(crate::storage::wal::intact_record_at(wal.as_ref(), &desc, at)?),
+            // A stale WAL (a checkpoint's crash left the old one): news once
+            // a writer has replaced it with one of the manifest's salt.
+            None => {
+                let mut head = [0u8; crate::format::wal::WAL_HEADER_SIZE_BYTES];
+                let read = wal.read_exact_at(&mut head, 0);
+                let header = read.ok().and_then(|()| WalHeader::decode(&head).ok());
+                Ok(header.is_some_and(|h| h.salt == self.manifest.wal_salt))
+            }
+        }
     }
 }

@@ -103,6 +103,58 @@ pub fn scan(storage: &dyn Storage) -> Result<WalScan, StorageError> {
     })
 }
 
+/// Where a reader's scan of the WAL ended: the next record it would read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WalPosition {
+    pub end_bytes: u64,
+    pub next_lsn: u64,
+    /// CRC of the last record read (the header's seed if none): the next
+    /// record chains from it.
+    pub prev_crc: u32,
+}
+
+impl WalScan {
+    /// Where this scan ended.
+    pub fn position(&self) -> WalPosition {
+        WalPosition {
+            end_bytes: self.valid_end_bytes,
+            next_lsn: self.next_lsn(),
+            prev_crc: self.last_crc,
+        }
+    }
+}
+
+/// Whether an intact record that chains from `at` starts there: a writer
+/// has appended since a reader's scan. Zeros, the end of the file, or a
+/// record that is torn (a dead writer's) or not whole yet are not news:
+/// a reader that asked only for non-zero bytes there reopened the bank
+/// every time it asked, for as long as a torn tail stayed. Reads the
+/// record's header, then the record only if the file holds all of it.
+pub fn intact_record_at(file: &dyn StorageFile, desc: &str, at: WalPosition) -> Result<bool, StorageError> {
+    let len_bytes = file.len_bytes().map_err(StorageError::io("stat", desc.to_string()))?;
+    let Some(room) = len_bytes.checked_sub(at.end_bytes) else {
+        return Ok(false);
+    };
+    if room < RECORD_HEADER_SIZE_BYTES as u64 {
+        return Ok(false);
+    }
+    let mut head = [0u8; RECORD_HEADER_SIZE_BYTES];
+    file.read_exact_at(&mut head, at.end_bytes)
+        .map_err(StorageError::io("read", desc.to_string()))?;
+    let Ok(header) = decode_record_header(&head) else {
+        return Ok(false);
+    };
+    let body_bytes = header.body_size_bytes as usize;
+    let record_bytes = (RECORD_HEADER_SIZE_BYTES + body_bytes) as u64;
+    if header.lsn != at.next_lsn || body_bytes > MAX_RECORD_BODY_BYTES || record_bytes > room {
+        return Ok(false);
+    }
+    let mut record = vec![0u8; record_bytes as usize];
+    file.read_exact_at(&mut record, at.end_bytes)
+        .map_err(StorageError::io("read", desc.to_string()))?;
+    Ok(check_one(&record, at.prev_crc, at.next_lsn).is_ok())
+}
+
 /// Records that chain from `seed` starting at `from`, up to the first
 /// that does not verify (or the end of `buf`).
 struct Chain {
