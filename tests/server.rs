@@ -580,6 +580,11 @@ fn requests_addressed_from_another_site_are_refused() {
         (address.clone(), Some("http://attacker.example")),
         (address.clone(), Some("null")),
         (address.clone(), Some("http://127.0.0.1.attacker.example")),
+        // Not authorities of a local name, though they begin like one.
+        ("[::1]attacker.example".to_string(), None),
+        (format!("[::1].attacker.example:{port}"), None),
+        ("localhost:attacker".to_string(), None),
+        (address.clone(), Some("http://[::1]x.attacker.example")),
     ];
     for (host, origin) in &refused {
         let answer = post(host, *origin);
@@ -590,6 +595,20 @@ fn requests_addressed_from_another_site_are_refused() {
     }
     let head = format!("GET /v1/trees/task/dump HTTP/1.1\r\nHost: evil.example:{port}\r\nConnection: close\r\n\r\n");
     assert!(raw_exchange(&address, &head, b"").starts_with("HTTP/1.1 403"));
+    // A second Host or Origin after a local one, and an absolute-form
+    // target naming another host (it overrides Host).
+    for extra in [
+        "Host: evil.example\r\n",
+        "Origin: http://localhost\r\nOrigin: http://evil.example\r\n",
+    ] {
+        let head = format!("GET /v1/trees/task/dump HTTP/1.1\r\nHost: {address}\r\n{extra}Connection: close\r\n\r\n");
+        let answer = raw_exchange(&address, &head, b"");
+        assert!(answer.starts_with("HTTP/1.1 403"), "{extra}: {answer}");
+    }
+    let head =
+        format!("GET http://evil.example/v1/trees/task/dump HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    let answer = raw_exchange(&address, &head, b"");
+    assert!(answer.starts_with("HTTP/1.1 403"), "absolute form: {answer}");
     assert_eq!(
         server.get("/v1/bank")["node_count"],
         0,
@@ -601,11 +620,12 @@ fn requests_addressed_from_another_site_are_refused() {
         (format!("[::1]:{port}"), None),
         (address.clone(), Some(format!("http://127.0.0.1:{port}"))),
         (format!("LOCALHOST:{port}"), Some(format!("http://localhost:{port}"))),
+        (address.clone(), Some(format!("HTTP://LOCALHOST:{port}"))),
     ] {
         let answer = post(&host, origin.as_deref());
         assert!(answer.starts_with("HTTP/1.1 200"), "{host} {origin:?}: {answer}");
     }
-    assert_eq!(server.get("/v1/bank")["node_count"], 4);
+    assert_eq!(server.get("/v1/bank")["node_count"], 5);
     assert_eq!(server.terminate(), 0);
 }
 

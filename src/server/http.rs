@@ -124,7 +124,7 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
     let matched = request.extensions().get::<MatchedPath>().cloned();
     let unmatched = unmatched_route(request.uri().path());
     let response = match authorised(&state, &request) {
-        true => match foreign_address(&state, request.headers()).map_or_else(
+        true => match foreign_address(&state, request.uri(), request.headers()).map_or_else(
             || check_framing(request.headers(), &state.limits),
             |refused| Err(ApiError::new(StatusCode::FORBIDDEN, refused)),
         ) {
@@ -231,15 +231,23 @@ pub fn local_names(bound: &super::ListenAddr) -> Vec<String> {
 /// page on another site: a form or a `text/plain` POST needs no CORS
 /// preflight, so without this any page the user opens could write to the
 /// bank). Without a `Host` (HTTP/1.0) only `Origin` is looked at.
-fn foreign_address(state: &AppState, headers: &axum::http::HeaderMap) -> Option<String> {
+fn foreign_address(state: &AppState, uri: &axum::http::Uri, headers: &axum::http::HeaderMap) -> Option<String> {
     let names = state.local_names.as_ref()?;
-    let local = |authority: &str| {
-        let host = match authority.strip_prefix('[') {
-            Some(bracketed) => bracketed.split(']').next().unwrap_or(""),
-            None => authority.rsplit_once(':').map_or(authority, |(host, _port)| host),
-        };
-        names.iter().any(|n| n.eq_ignore_ascii_case(host))
-    };
+    let local =
+        |authority: &str| authority_host(authority).is_some_and(|h| names.iter().any(|n| n.eq_ignore_ascii_case(h)));
+    for name in [header::HOST, header::ORIGIN] {
+        if headers.get_all(&name).iter().count() > 1 {
+            return Some(format!("{name} is given more than once"));
+        }
+    }
+    // An absolute-form target (`GET http://host/path`) names the host
+    // the request is for, over any `Host` (RFC 9112 §3.2.2).
+    if let Some(authority) = uri.authority().filter(|a| !local(a.as_str())) {
+        return Some(format!(
+            "the request is addressed to {:?}, not a name of this loopback server (DNS-rebinding guard)",
+            authority.as_str()
+        ));
+    }
     if let Some(host) = headers.get(header::HOST) {
         let text = host.to_str().unwrap_or("");
         if !local(text) {
@@ -251,7 +259,9 @@ fn foreign_address(state: &AppState, headers: &axum::http::HeaderMap) -> Option<
     }
     let origin = headers.get(header::ORIGIN)?;
     let text = origin.to_str().unwrap_or("");
-    let authority = text.strip_prefix("http://").or_else(|| text.strip_prefix("https://"));
+    let authority = text.split_once("://").and_then(|(scheme, authority)| {
+        (scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https")).then_some(authority)
+    });
     match authority.is_some_and(local) {
         true => None,
         false => Some(format!(
@@ -259,6 +269,24 @@ fn foreign_address(state: &AppState, headers: &axum::http::HeaderMap) -> Option<
             String::from_utf8_lossy(origin.as_bytes())
         )),
     }
+}
+
+/// The host of an authority (`host`, `host:port`, `[v6]`, `[v6]:port`),
+/// or None when it is not one: anything after an IPv6 literal's `]` but a
+/// port, or a port that is not a number (`[::1]evil.example` and
+/// `localhost:evil` were taken for local names).
+fn authority_host(authority: &str) -> Option<&str> {
+    let (host, rest) = match authority.strip_prefix('[') {
+        Some(bracketed) => bracketed.split_once(']')?,
+        None => authority
+            .split_once(':')
+            .map_or((authority, ""), |(host, _)| (host, &authority[host.len()..])),
+    };
+    let port_ok = match rest.strip_prefix(':') {
+        None => rest.is_empty(),
+        Some(port) => (1..=5).contains(&port.len()) && port.bytes().all(|b| b.is_ascii_digit()),
+    };
+    port_ok.then_some(host)
 }
 
 /// Whether an address is loopback (serving elsewhere needs a token).
