@@ -901,11 +901,13 @@ fn a_slow_client_blocks_no_one() {
 /// A client that asks for a dump of 40 MB and does not read it: once a
 /// write makes no progress for the time limit, the server ends the
 /// connection (it held the answer's buffers and the connection for as long
-/// as the client liked), and other clients are answered meanwhile.
+/// as the client liked), and other clients are answered meanwhile. While
+/// `--max-dumps` such dumps are being sent, one more is refused (503), and
+/// answered again once they are cut off.
 #[test]
 fn a_client_that_stops_reading_is_cut_off() {
     let (_dir, path) = bank(DIM as u32);
-    let server = Server::start(&path, &["--request-timeout-ms", "1000"]);
+    let server = Server::start(&path, &["--request-timeout-ms", "1000", "--max-dumps", "2"]);
     let text = "a fairly long procedure step. ".repeat(400_000 / 30);
     for i in 0..100 {
         let mut n = node("task", json!("root"), &format!("big {i}"), &one_hot(i));
@@ -913,11 +915,29 @@ fn a_client_that_stops_reading_is_cut_off() {
         server.post("/v1/nodes", &n);
     }
     let address = server.address();
-    let mut stalled = TcpStream::connect(&address).unwrap();
     let head = format!("GET /v1/trees/task/dump HTTP/1.1\r\nHost: {address}\r\n\r\n");
+    let mut stalled = TcpStream::connect(&address).unwrap();
     stalled.write_all(head.as_bytes()).unwrap();
+    let mut second = TcpStream::connect(&address).unwrap();
+    second.write_all(head.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let e = server.fails("GET", "/v1/trees/task/dump", None, 503);
+    assert!(e["error"].as_str().unwrap().contains("--max-dumps"), "{e}");
     std::thread::sleep(Duration::from_secs(4));
     assert_eq!(server.get("/v1/bank")["node_count"], 100, "others are answered");
+    // The stalled two were cut off: a whole dump is sent again.
+    let mut reader = TcpStream::connect(&address).unwrap();
+    let closing = format!("GET /v1/trees/task/dump HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    reader.write_all(closing.as_bytes()).unwrap();
+    let mut whole = Vec::new();
+    reader.read_to_end(&mut whole).unwrap();
+    assert!(
+        whole.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&whole[..200])
+    );
+    assert!(whole.len() > 100 * text.len(), "{} bytes", whole.len());
+    drop(second);
     stalled.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut received = Vec::new();
     let ended = stalled.read_to_end(&mut received);

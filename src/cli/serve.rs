@@ -37,6 +37,10 @@ pub struct ServeArgs {
     /// Longest time to receive a body or answer a read, in ms.
     #[arg(long, default_value_t = 30_000)]
     request_timeout_ms: u64,
+    /// Most tree dumps sent at once (more are answered 503): a client that
+    /// reads one slowly holds about 1 MiB of the server's memory.
+    #[arg(long, default_value_t = 64)]
+    max_dumps: usize,
     /// Checkpoint once the WAL holds this many MiB: a larger WAL means
     /// fewer checkpoints and a longer replay after a crash.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
@@ -89,6 +93,7 @@ pub fn serve(args: ServeArgs, quiet: bool) -> anyhow::Result<Status> {
             body_bytes: args.max_body_bytes,
             batch_items: args.max_batch,
             request_ms: args.request_timeout_ms,
+            dumps: args.max_dumps.max(1),
             ..Default::default()
         },
     };

@@ -80,36 +80,46 @@ pub async fn tree_nodes(
         .await
 }
 
-/// The tree's nodes as JSON Lines, streamed a chunk at a time (the bank
-/// is read-locked per chunk, never across a slow client).
+/// The tree's nodes as JSON Lines, streamed a chunk at a time: each chunk
+/// is read (under the shared lock, on the blocking pool) only when the
+/// connection has taken the one before, so a client that reads slowly
+/// holds one chunk and no thread (a stalled dump used to park a blocking
+/// thread and hold three chunks). At most `Limits::dumps` are sent at once.
 pub async fn dump(State(state): State<AppState>, tree: Result<Path<String>, PathRejection>) -> ApiResult<Response> {
     let tree = tree_name(tree)?;
     let (wanted, count) = {
         let bank = state.core.read()?;
         (bank.tree_index(&tree).map_err(bank_error("tree"))?, bank.node_count())
     };
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(2);
+    let Ok(permit) = state.dumps.clone().try_acquire_owned() else {
+        return Err(ApiError::unavailable(format!(
+            "{} dumps are being sent already (--max-dumps); try again when one ends",
+            state.limits.dumps
+        )));
+    };
     let core = state.core.clone();
-    tokio::task::spawn_blocking(move || {
-        let mut start = 0;
-        while start < count {
-            let end = (start + DUMP_CHUNK_NODES).min(count);
-            let chunk = core
-                .read_hold()
-                .map_err(|e| e.message)
-                .and_then(|bank| dump_chunk(&bank, wanted, start..end).map_err(|e| e.to_string()));
-            let (chunk, next) = match chunk {
-                Ok((bytes, next)) => (Ok(bytes), next),
-                Err(e) => (Err(e), count),
-            };
-            let failed = chunk.is_err();
-            if tx.blocking_send(chunk.map_err(std::io::Error::other)).is_err() || failed {
-                return;
-            }
-            start = next;
+    let stream = futures_util::stream::unfold(Some(0u32), move |next| {
+        let core = core.clone();
+        async move {
+            let start = next.filter(|&s| s < count)?;
+            let read = tokio::task::spawn_blocking(move || {
+                let bank = core.read_hold().map_err(|e| e.message)?;
+                dump_chunk(&bank, wanted, start..(start + DUMP_CHUNK_NODES).min(count)).map_err(|e| e.to_string())
+            });
+            let chunk = read
+                .await
+                .unwrap_or_else(|_| Err("the dump's reader panicked".to_string()));
+            Some(match chunk {
+                Ok((bytes, next)) => (Ok(bytes), Some(next)),
+                // The error ends the body, so the client sees a cut stream.
+                Err(e) => (Err(std::io::Error::other(e)), None),
+            })
         }
     });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+    let stream = futures_util::StreamExt::map(stream, move |chunk| {
+        let _held = &permit;
+        chunk
+    });
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         Body::from_stream(stream),
@@ -120,7 +130,9 @@ pub async fn dump(State(state): State<AppState>, tree: Result<Path<String>, Path
 /// The lines of the tree's nodes in `range`, ending early once
 /// `DUMP_CHUNK_BYTES` are held; returns them and the next row to read.
 fn dump_chunk(bank: &Bank, tree: u16, range: std::ops::Range<u32>) -> Result<(Vec<u8>, u32), crate::BankError> {
-    let mut out = Vec::new();
+    // Room for the chunk and the node that ends it, so the buffer is not
+    // grown (doubled) to 2 MiB by the last push.
+    let mut out = Vec::with_capacity(DUMP_CHUNK_BYTES + (64 << 10));
     for index in range.clone() {
         if bank.row(index)?.tree == tree {
             let line = NodeReply::read(bank, index, false)?;

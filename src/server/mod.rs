@@ -153,6 +153,7 @@ async fn run_on<L: listen::Accept>(
             ListenAddr::Tcp(addr) if addr.ip().is_loopback() => Some(http::local_names(&bound).into()),
             _ => None,
         },
+        dumps: Arc::new(tokio::sync::Semaphore::new(config.limits.dumps.max(1))),
     };
     let mcp = mcp::http_service(core, &bound, cancel.clone());
     let app = http::router(state, mcp);
