@@ -33,7 +33,7 @@ pub use load::BatchResult;
 pub use mutate::{Attach, Change, ChangeAck, ConsolidateAck, HitAck, ImportedState, InsertAck, NewNode, PendingIds};
 pub use open::{BankConfig, OpenOptions};
 pub use scan::{Match, PreparedQuery, QueryOptions, dot};
-pub use stats::{Stats, TreeStats};
+pub use stats::{Stats, StatsTally, TreeStats};
 pub use verify::{Problem, VerifyReport, VerifyScope};
 
 use crate::format::manifest::{Manifest, Precision};

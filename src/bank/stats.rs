@@ -42,10 +42,29 @@ pub struct Stats {
     pub frozen: bool,
 }
 
+/// Per-tree counts gathered a slice of rows at a time (`Bank::count_rows`):
+/// a server counts a large bank in holds of its lock, so writes go in
+/// between. Rows counted earlier may have changed since (a hit, a
+/// consolidation): the counts are of each row as it was when read.
+#[derive(Debug, Clone)]
+pub struct StatsTally {
+    trees: Vec<TreeStats>,
+    next_row: u32,
+}
+
 impl Bank {
+    /// Counts and sizes of the whole bank, as it is now.
     pub fn stats(&self) -> Result<Stats, BankError> {
+        let mut tally = self.start_stats();
+        let counted = self.count_rows(&mut tally, u32::MAX)?;
+        assert!(counted, "one call counts every row");
+        self.finish_stats(tally)
+    }
+
+    /// A tally of no rows yet, one entry per tree.
+    pub fn start_stats(&self) -> StatsTally {
         let max_depth = usize::from(self.manifest.max_depth);
-        let mut trees: Vec<TreeStats> = self
+        let trees = self
             .manifest
             .trees
             .iter()
@@ -56,9 +75,18 @@ impl Bank {
                 ..Default::default()
             })
             .collect();
-        for index in 0..self.node_count() {
+        StatsTally { trees, next_row: 0 }
+    }
+
+    /// Adds up to `max_rows` more rows to `tally`; true once it has counted
+    /// every row the bank holds now (then `finish_stats`, with no write in
+    /// between, gives counts that add up to the node count).
+    pub fn count_rows(&self, tally: &mut StatsTally, max_rows: u32) -> Result<bool, BankError> {
+        assert_eq!(tally.trees.len(), self.manifest.trees.len(), "a tally of this bank");
+        let end = tally.next_row.saturating_add(max_rows).min(self.node_count());
+        for index in tally.next_row..end {
             let row = self.row(index)?;
-            let t = &mut trees[usize::from(row.tree)];
+            let t = &mut tally.trees[usize::from(row.tree)];
             t.nodes += 1;
             match row.node_type {
                 NodeType::Root => t.roots += 1,
@@ -75,6 +103,15 @@ impl Bank {
                 *slot += 1;
             }
         }
+        tally.next_row = end;
+        Ok(end == self.node_count())
+    }
+
+    /// The counts of a tally that has counted every row, with the bank's
+    /// sizes.
+    pub fn finish_stats(&self, tally: StatsTally) -> Result<Stats, BankError> {
+        assert_eq!(tally.next_row, self.node_count(), "every row counted");
+        let trees = tally.trees;
         let nodes = u64::from(self.node_count());
         let wal_bytes = self
             .storage

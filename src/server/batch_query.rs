@@ -25,8 +25,8 @@ use crate::bank::{Bank, BankError, PreparedQuery, QueryOptions};
 use crate::tree::{Candidate, TopK};
 
 /// Multiply-adds one thread may score in a hold of the lock: rows x
-/// queries x dimensions. About 10 ms of one core with the AVX2 kernels.
-const HOLD_MULTIPLY_ADDS: u64 = 64 << 20;
+/// queries x dimensions. About 2.5 ms of one core with the AVX2 kernels.
+const HOLD_MULTIPLY_ADDS: u64 = 16 << 20;
 
 /// Fewest rows per hold, so a large batch still moves through the bank.
 const MIN_HOLD_ROWS: u32 = 64;

@@ -306,3 +306,23 @@ fn a_batch_query_in_holds_answers_what_query_batch_answers() {
         core.shutdown().unwrap();
     }
 }
+
+/// Stats counted a slice of rows at a time (the server's holds) equal
+/// `Bank::stats`, on a bank with residuals, failures, a consolidation and
+/// rows on both sides of a checkpoint; the tally ends only at the last
+/// row.
+#[test]
+fn stats_counted_in_slices_equal_stats() {
+    let dir = tempfile::tempdir().unwrap();
+    let bank = mixed_bank(dir.path(), &mut crate::storage::sim::Rng(3));
+    let whole = bank.stats().unwrap();
+    let mut tally = bank.start_stats();
+    let mut slices = 1;
+    while !bank.count_rows(&mut tally, 37).unwrap() {
+        slices += 1;
+        assert!(slices < 100, "the tally never ends");
+    }
+    assert_eq!(slices, bank.node_count().div_ceil(37));
+    assert_eq!(bank.finish_stats(tally).unwrap(), whole);
+    assert!(whole.trees[0].residuals > 0 && whole.trees[0].failures > 0 && whole.trees[0].consolidated_roots > 0);
+}
