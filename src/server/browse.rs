@@ -94,7 +94,7 @@ pub async fn dump(State(state): State<AppState>, tree: Result<Path<String>, Path
     let Ok(permit) = state.dumps.clone().try_acquire_owned() else {
         return Err(ApiError::unavailable(format!(
             "{} dumps are being sent already (--max-dumps); try again when one ends",
-            state.limits.dumps
+            state.limits.dumps.max(1)
         )));
     };
     let core = state.core.clone();

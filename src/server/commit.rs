@@ -65,7 +65,10 @@ pub(super) fn writer_loop(shared: &Shared, rx: &Receiver<WriteJob>) {
             last_sync = Instant::now();
             announce(shared);
         }
-        if shared.bank.read().is_ok_and(|b| b.checkpoint_is_due()) {
+        if shared.bank.read().is_ok_and(|b| b.checkpoint_is_due())
+            // Not while a verify reads its view (`Shared::checkpoints`).
+            && let Some(_gate) = unless_held(&shared.checkpoints)
+        {
             // A failure poisons the bank: later writes are refused
             // with the reason, and a restart recovers from the WAL.
             let _ = checkpoint_beside_queries(shared);
@@ -181,6 +184,16 @@ fn until_due(policy: SyncPolicy, last_sync: Instant) -> Duration {
             .saturating_sub(last_sync.elapsed())
             .max(Duration::from_millis(1)),
         SyncPolicy::Always | SyncPolicy::None => Duration::from_millis(1),
+    }
+}
+
+/// The gate unless another thread holds it (a poisoned gate is taken: a
+/// verify that panicked must not stop checkpoints for good).
+fn unless_held(gate: &Mutex<()>) -> Option<std::sync::MutexGuard<'_, ()>> {
+    match gate.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
     }
 }
 

@@ -99,7 +99,10 @@ pub fn resolve(bank: &Bank, node: &NodeRef) -> ApiResult<u32> {
 async fn metrics(State(state): State<AppState>) -> ApiResult<Response> {
     let text = state
         .blocking_until(|core, deadline| {
-            let stats = stats_in_holds(core, deadline, |_, stats| stats).ok().flatten();
+            // Half the time limit, so a bank too large to count in time
+            // still gets its metrics, without the bank's stats.
+            let counting = Instant::now() + deadline.saturating_duration_since(Instant::now()) / 2;
+            let stats = stats_in_holds(core, counting, |_, stats| stats).ok().flatten();
             Ok(core.metrics().render(stats.as_ref()))
         })
         .await?;
@@ -155,14 +158,25 @@ const STATS_HOLD_ROWS: u32 = 1 << 14;
 /// scrape), handed to `finish` under the last hold; None past `deadline`.
 fn stats_in_holds<T>(core: &Core, deadline: Instant, finish: impl FnOnce(&Bank, Stats) -> T) -> ApiResult<Option<T>> {
     let bank_error = |e| ApiError::from_bank(e, "bank");
-    let mut tally = core.read()?.start_stats();
-    // Bounded: each hold counts more rows than inserts add in one.
+    let (mut tally, first_count) = {
+        let bank = core.read()?;
+        (bank.start_stats(), bank.node_count())
+    };
+    let mut counted = 0u32;
     loop {
         if Instant::now() > deadline {
             return Ok(None);
         }
         let bank = core.read_hold()?;
-        if bank.count_rows(&mut tally, STATS_HOLD_ROWS).map_err(bank_error)? {
+        // The rows added since the count began are counted in one last
+        // hold: a stream of batch inserts could otherwise stay ahead.
+        let rows = if counted >= first_count {
+            u32::MAX
+        } else {
+            STATS_HOLD_ROWS
+        };
+        counted = counted.saturating_add(rows);
+        if bank.count_rows(&mut tally, rows).map_err(bank_error)? {
             let stats = bank.finish_stats(tally).map_err(bank_error)?;
             return Ok(Some(finish(&bank, stats)));
         }
@@ -170,18 +184,10 @@ fn stats_in_holds<T>(core: &Core, deadline: Instant, finish: impl FnOnce(&Bank, 
 }
 
 async fn verify(State(state): State<AppState>) -> ApiResult<Json<VerifyReply>> {
+    let request_ms = state.limits.request_ms;
     state
-        .blocking(|core| {
-            // Checked on a view of its own, opened under the shared lock (no
-            // checkpoint is then half-way) and read with no lock held: a
-            // verify reads every byte of the bank (9 s at 1M nodes here), and
-            // a write waiting for the lock meanwhile holds back later reads
-            // as well. The view is what a restart would read: the WAL's
-            // records, durable or about to be.
-            let view = core.read()?.reopened();
-            let report = view
-                .and_then(|view| view.verify())
-                .map_err(|e| ApiError::from_bank(e, "bank"))?;
+        .blocking_until(move |core, deadline| {
+            let report = core.verify_until(deadline)?.ok_or_else(|| time_limit(request_ms))?;
             // A problem of the whole bank names no server path.
             Ok(Json(VerifyReply::new(report, "")))
         })

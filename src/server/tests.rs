@@ -326,3 +326,27 @@ fn stats_counted_in_slices_equal_stats() {
     assert_eq!(bank.finish_stats(tally).unwrap(), whole);
     assert!(whole.trees[0].residuals > 0 && whole.trees[0].failures > 0 && whole.trees[0].consolidated_roots > 0);
 }
+
+/// `/v1/verify` reads a view of its own; a view cannot be opened over a
+/// WAL damaged in the middle (intact records after a bad one), and that is
+/// exactly what verify must report: the live bank's verify does, as a
+/// report with problems, not an error.
+#[test]
+fn verify_reports_wal_damage_that_a_view_cannot_open_over() {
+    let (dir, core) = served(SyncPolicy::Always);
+    for i in 0..3 {
+        let rx = core.submit(WriteOp::Insert(node(i))).unwrap();
+        assert!(rx.blocking_recv().unwrap().is_ok());
+    }
+    let later = Instant::now() + Duration::from_secs(600);
+    assert!(core.verify_until(later).unwrap().unwrap().is_ok());
+    let wal_path = dir.path().join("wal.log");
+    let mut wal = std::fs::read(&wal_path).unwrap();
+    // A byte of the first record's body (after the 64-byte header and the
+    // record's 24-byte header).
+    wal[64 + 24 + 2] ^= 0xff;
+    std::fs::write(&wal_path, &wal).unwrap();
+    let report = core.verify_until(later).unwrap().expect("not past the deadline");
+    assert!(!report.is_ok(), "{report:?}");
+    core.shutdown().ok();
+}
