@@ -609,6 +609,18 @@ fn requests_addressed_from_another_site_are_refused() {
         format!("GET http://evil.example/v1/trees/task/dump HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
     let answer = raw_exchange(&address, &head, b"");
     assert!(answer.starts_with("HTTP/1.1 403"), "absolute form: {answer}");
+    // HTTP/1.1 without a Host is malformed (RFC 9112 §3.2); HTTP/1.0 had
+    // no Host, and only its Origin is looked at.
+    let answer = raw_exchange(&address, "GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n", b"");
+    assert!(
+        answer.starts_with("HTTP/1.1 400") && answer.contains("Host"),
+        "no Host: {answer}"
+    );
+    let answer = raw_exchange(&address, "GET /healthz HTTP/1.0\r\n\r\n", b"");
+    assert!(
+        answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"),
+        "1.0: {answer}"
+    );
     assert_eq!(
         server.get("/v1/bank")["node_count"],
         0,

@@ -132,10 +132,13 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
     let matched = request.extensions().get::<MatchedPath>().cloned();
     let unmatched = unmatched_route(request.uri().path());
     let response = match authorised(&state, &request) {
-        true => match foreign_address(&state, request.uri(), request.headers()).map_or_else(
-            || check_framing(request.headers(), &state.limits),
-            |refused| Err(ApiError::new(StatusCode::FORBIDDEN, refused)),
-        ) {
+        true => match check_host(&request)
+            .and_then(|()| {
+                foreign_address(&state, request.uri(), request.headers())
+                    .map_or(Ok(()), |refused| Err(ApiError::new(StatusCode::FORBIDDEN, refused)))
+            })
+            .and_then(|()| check_framing(request.headers(), &state.limits))
+        {
             Ok(()) => next.run(request).await,
             Err(e) => e.into_response(),
         },
@@ -231,6 +234,22 @@ pub fn local_names(bound: &super::ListenAddr) -> Vec<String> {
         names.push(addr.ip().to_string());
     }
     names
+}
+
+/// An HTTP/1.1 request must carry a `Host` (RFC 9112 §3.2: a server
+/// answers one without it 400), unless its target is in absolute form;
+/// HTTP/1.0 had none.
+fn check_host(request: &Request) -> Result<(), ApiError> {
+    let lacks_host = request.version() == axum::http::Version::HTTP_11
+        && request.uri().authority().is_none()
+        && !request.headers().contains_key(header::HOST);
+    match lacks_host {
+        true => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "an HTTP/1.1 request must carry a Host header",
+        )),
+        false => Ok(()),
+    }
 }
 
 /// Why a request to a loopback server is refused as addressed from
