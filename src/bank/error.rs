@@ -41,8 +41,16 @@ pub enum BankError {
     },
     #[error("scenario text is empty")]
     EmptyScenario,
-    #[error("payload is {size_bytes} bytes, the limit is {limit_bytes}")]
-    PayloadTooLarge { size_bytes: usize, limit_bytes: usize },
+    /// A node's scenario and payload fields together, of which
+    /// `scenario_bytes` are the scenario's.
+    #[error(
+        "scenario and payload are {size_bytes} bytes together ({scenario_bytes} of them the scenario), the limit is {limit_bytes}"
+    )]
+    PayloadTooLarge {
+        size_bytes: usize,
+        scenario_bytes: usize,
+        limit_bytes: usize,
+    },
     /// `id` as `shown_id` shows it.
     #[error("bad external id {id}: {detail}")]
     BadExternalId { id: String, detail: String },

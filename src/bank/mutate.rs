@@ -576,6 +576,7 @@ impl Bank {
         if node.payload.size_bytes() > MAX_PAYLOAD_BYTES {
             return Err(BankError::PayloadTooLarge {
                 size_bytes: node.payload.size_bytes(),
+                scenario_bytes: node.payload.scenario.len(),
                 limit_bytes: MAX_PAYLOAD_BYTES,
             });
         }
@@ -776,6 +777,7 @@ impl Bank {
         if payload.size_bytes() > MAX_PAYLOAD_BYTES {
             return Err(BankError::PayloadTooLarge {
                 size_bytes: payload.size_bytes(),
+                scenario_bytes: payload.scenario.len(),
                 limit_bytes: MAX_PAYLOAD_BYTES,
             });
         }

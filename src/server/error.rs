@@ -74,8 +74,16 @@ fn classify(e: &BankError, field: &str) -> (StatusCode, Option<String>) {
 /// The request field an input error is about.
 fn field_of<'a>(e: &BankError, default: &'a str) -> &'a str {
     match e {
+        // A batch of queries keeps its own name (`embeddings`).
+        BankError::DimensionMismatch { .. } | BankError::BadEmbedding(_) if default.starts_with("embedding") => default,
         BankError::DimensionMismatch { .. } | BankError::BadEmbedding(_) => "embedding",
         BankError::EmptyScenario => "scenario",
+        // Blamed on whichever of the two is most of the size.
+        BankError::PayloadTooLarge {
+            size_bytes,
+            scenario_bytes,
+            ..
+        } if scenario_bytes * 2 > *size_bytes => "scenario",
         BankError::PayloadTooLarge { .. } => "payload",
         BankError::BadExternalId { .. }
         | BankError::DuplicateExternalId { .. }
@@ -115,6 +123,24 @@ pub type ApiResult<T> = Result<T, ApiError>;
 mod tests {
     use super::*;
     use crate::tree::TreeError;
+
+    #[test]
+    fn an_oversized_node_is_blamed_on_its_larger_part() {
+        let too_large = |scenario_bytes| BankError::PayloadTooLarge {
+            size_bytes: 5 << 20,
+            scenario_bytes,
+            limit_bytes: 4 << 20,
+        };
+        let field = |e| ApiError::from_bank(e, "nodes").field;
+        assert_eq!(field(too_large(5 << 20)).as_deref(), Some("scenario"));
+        assert_eq!(field(too_large(10)).as_deref(), Some("payload"));
+        let bad = || BankError::BadEmbedding("its norm overflows".into());
+        assert_eq!(
+            ApiError::from_bank(bad(), "embeddings").field.as_deref(),
+            Some("embeddings")
+        );
+        assert_eq!(ApiError::from_bank(bad(), "attach").field.as_deref(), Some("embedding"));
+    }
 
     #[test]
     fn bank_errors_map_to_statuses_by_kind() {
