@@ -403,7 +403,8 @@ async fn cap_sessions(
     next.run(request).await
 }
 
-/// `deltamem mcp BANK`: the tools over stdin/stdout until stdin closes.
+/// `deltamem mcp BANK`: the tools over stdin/stdout until stdin closes
+/// or a SIGTERM or SIGINT comes.
 pub fn serve_stdio(path: &Path, lock_wait: Duration) -> Result<(), super::ServeError> {
     let memory = Arc::new(SharedBank::open(path, lock_wait)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -411,9 +412,12 @@ pub fn serve_stdio(path: &Path, lock_wait: Duration) -> Result<(), super::ServeE
         .enable_all()
         .build()
         .map_err(|e| super::ServeError::Config(format!("cannot start the async runtime: {e}")))?;
-    runtime.block_on(async move {
+    let served = runtime.block_on(async move {
         let limits = super::stdio::LineLimits::default();
-        let (read, write, answers) = super::stdio::guarded_stdio(limits);
+        // SIGTERM or SIGINT ends the input as a closed stdin does: the
+        // requests already read are served and answered, then it exits 0.
+        let stop = super::shutdown_signal()?;
+        let (read, write, answers) = super::stdio::guarded_stdio(limits, stop);
         // The pump refuses longer lines itself, with an answer.
         let transport = AsyncRwTransport::new_server(read, write).with_max_line_length(limits.max_bytes + 1);
         let service = MemoryTools::new(memory)
@@ -427,5 +431,10 @@ pub fn serve_stdio(path: &Path, lock_wait: Duration) -> Result<(), super::ServeE
         // rmcp has closed its end: the last answers reach stdout.
         let _ = answers.await;
         Ok(())
-    })
+    });
+    // A read of stdin may still be blocked on a pool thread (after a
+    // signal, stdin is still open), and a read cannot be cancelled: the
+    // runtime is not waited for, as dropping it would wait for that read.
+    runtime.shutdown_background();
+    served
 }

@@ -54,12 +54,15 @@ const KEPT_LINE_BYTES: usize = 1 << 20;
 
 /// rmcp's ends of the two pipes, (read, write), and the task copying its
 /// answers to stdout, which ends once rmcp closes its write end. The task
-/// feeding it stdin's lines ends with stdin.
-pub(super) fn guarded_stdio(limits: LineLimits) -> (DuplexStream, DuplexStream, JoinHandle<()>) {
+/// feeding it stdin's lines ends with stdin, or when `stop` resolves.
+pub(super) fn guarded_stdio(
+    limits: LineLimits,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> (DuplexStream, DuplexStream, JoinHandle<()>) {
     let (rmcp_read, to_rmcp) = tokio::io::duplex(PIPE_BYTES);
     let (from_rmcp, rmcp_write) = tokio::io::duplex(PIPE_BYTES);
     let stdout = Arc::new(Mutex::new(tokio::io::stdout()));
-    let requests = pump_requests(tokio::io::stdin(), to_rmcp, stdout.clone(), limits);
+    let requests = pump_requests(tokio::io::stdin(), to_rmcp, stdout.clone(), limits, stop);
     tokio::spawn(async move {
         if let Err(e) = requests.await {
             eprintln!("deltamem mcp: reading requests: {e}");
@@ -73,9 +76,18 @@ pub(super) fn guarded_stdio(limits: LineLimits) -> (DuplexStream, DuplexStream, 
     (rmcp_read, rmcp_write, answers)
 }
 
-/// Reads request lines from `input` until it ends: a line within `limits`
-/// goes to rmcp, any other is answered on `out` with an error.
-async fn pump_requests<R, W, O>(input: R, mut to_rmcp: W, out: Arc<Mutex<O>>, limits: LineLimits) -> std::io::Result<()>
+/// Reads request lines from `input` until it ends or `stop` resolves: a
+/// line within `limits` goes to rmcp, any other is answered on `out` with
+/// an error. Returning drops `to_rmcp`, which rmcp reads as the input's
+/// end: it serves what it was given and closes. `stop` is looked at only
+/// between lines, so no line reaches rmcp cut off.
+async fn pump_requests<R, W, O>(
+    input: R,
+    mut to_rmcp: W,
+    out: Arc<Mutex<O>>,
+    limits: LineLimits,
+    stop: impl Future<Output = ()>,
+) -> std::io::Result<()>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -83,12 +95,20 @@ where
 {
     let mut input = BufReader::with_capacity(64 << 10, input);
     let mut line = Vec::new();
+    let mut stop = std::pin::pin!(stop);
     loop {
         if line.capacity() > KEPT_LINE_BYTES {
             line = Vec::new(); // a 64 MiB line does not pin 64 MiB for good
         }
         line.clear();
-        let Some(line_bytes) = read_line(&mut input, &mut line, limits.max_bytes).await? else {
+        let read = tokio::select! {
+            read = read_line(&mut input, &mut line, limits.max_bytes) => read?,
+            () = &mut stop => {
+                eprintln!("deltamem mcp: stopping: the requests read so far are served, no more are read");
+                return Ok(());
+            }
+        };
+        let Some(line_bytes) = read else {
             return Ok(());
         };
         if line.iter().all(u8::is_ascii_whitespace) {
@@ -281,7 +301,8 @@ async fn read_line<R: AsyncRead + Unpin>(
 
 /// The `id` of a JSON-RPC request line as its JSON text, found without
 /// parsing the whole line (it may be the refused one): the value of a
-/// top-level `"id"` key, if it is a number or a string. Of a line over the
+/// top-level `"id"` key, if it is a number or a string, and `null` if it
+/// is another JSON value (no valid id). Of a line over the
 /// length limit only the first `max_bytes` are searched: the MCP SDKs write
 /// the id before the params.
 fn request_id(line: &[u8]) -> Option<&str> {
@@ -303,6 +324,11 @@ fn request_id(line: &[u8]) -> Option<&str> {
     });
     let value_at = found.break_value()?;
     let rest = &line[value_at..];
+    // An id that is no id (null, a boolean, an object, an array): the
+    // request is invalid and JSON-RPC answers it with a null id.
+    if matches!(rest.first(), Some(b'n' | b't' | b'f' | b'{' | b'[')) {
+        return Some("null");
+    }
     if !matches!(rest.first(), Some(b'"' | b'-' | b'0'..=b'9')) {
         return None;
     }
@@ -339,7 +365,9 @@ mod tests {
         runtime.block_on(async {
             let (mut rmcp_read, to_rmcp) = tokio::io::duplex(1 << 20);
             let out = Arc::new(Mutex::new(Vec::new()));
-            pump_requests(input, to_rmcp, out.clone(), limits).await.unwrap();
+            pump_requests(input, to_rmcp, out.clone(), limits, std::future::pending())
+                .await
+                .unwrap();
             let mut forwarded = String::new();
             tokio::io::AsyncReadExt::read_to_string(&mut rmcp_read, &mut forwarded)
                 .await
@@ -450,6 +478,12 @@ mod tests {
                 vec!["20"],
             ),
             (r#"{"jsonrpc":"2.0","id":21,"method":"tools/call"}"#, -32602, vec!["21"]),
+            (r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#, -32600, vec!["null"]),
+            (
+                r#"{"jsonrpc":"2.0","id":true,"method":"tools/list"}"#,
+                -32600,
+                vec!["null"],
+            ),
             (
                 r#"{"jsonrpc":"2.0","id":22,"method":"tools/call","params":{"name":"x","arguments":"y"}}"#,
                 -32602,
@@ -498,8 +532,14 @@ mod tests {
             );
         }
         assert_eq!(id(r#"{"ids":1,"method":"m"}"#), None);
-        assert_eq!(id(r#"{"id":{"a":1}}"#), None);
-        assert_eq!(id(r#"{"id":null}"#), None);
+        for no_id in [
+            r#"{"id":{"a":1}}"#,
+            r#"{"id":null}"#,
+            r#"{"id": true,"method":"m"}"#,
+            r#"{"id":[1]}"#,
+        ] {
+            assert_eq!(id(no_id), some("null"), "{no_id}: answered with a null id");
+        }
         assert_eq!(id(r#"{"id":7"#), some("7"), "a cut-off line still names its id");
         assert_eq!(id(r#"{"id":"unterminated"#), None);
         assert_eq!(id("not json"), None);

@@ -246,6 +246,43 @@ def test_stdio_answers_every_request_line_it_refuses():
         assert len(listed.splitlines()) == 1, "only the line within the limits was stored"
 
 
+def test_stdio_stops_on_sigterm_after_serving_what_it_read():
+    """SIGTERM (what an MCP client sends a stdio server that does not exit
+    when its stdin closes) with writes in flight and stdin still open: the
+    server answers every request it had read, stores nothing it did not
+    answer, and exits 0. Before, it died by the signal mid-write."""
+    with tempfile.TemporaryDirectory() as root:
+        bank = init_bank(root)
+        proc = subprocess.Popen([BIN, "mcp", bank], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd=ROOT)
+        try:
+            def send(message):
+                proc.stdin.write(json.dumps(message).encode() + b"\n")
+                proc.stdin.flush()
+
+            send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                  "params": {"protocolVersion": "2025-03-26", "capabilities": {},
+                             "clientInfo": {"name": "raw", "version": "0"}}})
+            assert json.loads(proc.stdout.readline())["id"] == 0
+            send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            for i in range(1, 201):
+                send({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                      "params": {"name": "store_node", "arguments": node("s%d" % i, vec(i))}})
+            first = json.loads(proc.stdout.readline())
+            proc.send_signal(signal.SIGTERM)
+            rest = [json.loads(line) for line in proc.stdout.read().splitlines()]
+            assert proc.wait(timeout=60) == 0, proc.stderr.read()
+        finally:
+            proc.kill()
+            proc.wait()
+        answers = [first] + rest
+        assert all(not a["result"].get("isError") for a in answers), answers[:3]
+        stored = {json.loads(line)["scenario"] for line in
+                  subprocess.run([BIN, "dump", bank], check=True, capture_output=True, text=True).stdout.splitlines()}
+        answered = {"s%d" % a["id"] for a in answers}
+        assert stored == answered, (len(stored), len(answered))
+
+
 def start_server(bank, env=None, extra=()):
     proc = subprocess.Popen([BIN, "serve", bank, "--listen", "127.0.0.1:0", "--threads", "2", *extra],
                             stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
