@@ -417,6 +417,20 @@ fn mismatched_inputs_are_refused_before_writing() {
         "{}",
         run.stderr
     );
+    // A header with an extra key nested 12 deep: npyz's parser takes time
+    // exponential in the depth (20 deep: 19 s, under the writer lock).
+    let nested = dir.path().join("nested.npy");
+    let deep = format!("{}1{}", "[".repeat(12), "]".repeat(12));
+    let dict = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': (1, 8), 'x': {deep}, }}");
+    let mut bytes = npy_v1_header(&dict);
+    bytes.extend_from_slice(&[0u8; 32]);
+    std::fs::write(&nested, bytes).unwrap();
+    let run = import_npy(&bank, &nested, &[]);
+    assert!(
+        run.code == 1 && run.stderr.contains(s(&nested)) && run.stderr.contains("nested deeper than 3"),
+        "{}",
+        run.stderr
+    );
     assert_eq!(ok(&["stats", s(&bank), "--json"]).json()["nodes"], 0);
 }
 
@@ -611,4 +625,79 @@ fn a_file_cut_short_after_open_fails_every_later_read() {
     assert_eq!(out.len(), 16, "a failed read appends nothing");
     assert!(reader.read_rows(1, &mut out).is_err(), "no read after a failed one");
     assert_eq!((reader.rows_read(), out.len()), (4, 16));
+}
+
+/// META read from a stream is copied (to be read twice) only as far as
+/// the matrix needs: one line per row, each within the line limit. A copy
+/// of `/dev/zero` as META grew by ~400 MB a second until the disk filled,
+/// and so did an endless stream of valid lines.
+#[test]
+fn meta_from_an_endless_stream_is_refused_after_a_bounded_read() {
+    let (dir, bank) = bank(4, &[]);
+    let npy = dir.path().join("m.npy");
+    write_npy(&npy, &random_rows(3, 4, 1), NpyElement::F32);
+    let scratch = tempfile::tempdir().unwrap();
+    // Files are capped at 100 MiB (ulimit -f), so that a regression fails
+    // here instead of filling the disk.
+    let import_meta = |meta: &str| {
+        let script = format!("ulimit -f 102400; exec \"$0\" import \"$1\" --tree task --npy \"$2\" --meta {meta}");
+        let out = std::process::Command::new("bash")
+            .args(["-c", &script, env!("CARGO_BIN_EXE_deltamem"), s(&bank), s(&npy)])
+            .env("TMPDIR", scratch.path())
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, stderr) = import_meta("/dev/zero");
+    assert!(code == Some(1) && stderr.contains("line 1 is longer than"), "{stderr}");
+    let (code, stderr) = import_meta("<(yes '{\"scenario\":\"x\"}')");
+    assert!(code == Some(1) && stderr.contains("past the 3 lines"), "{stderr}");
+    let left: Vec<_> = std::fs::read_dir(scratch.path()).unwrap().collect();
+    assert!(left.is_empty(), "temporary copies left: {left:?}");
+    assert_eq!(ok(&["stats", s(&bank), "--json"]).json()["nodes"], 0);
+}
+
+/// SIGINT, SIGTERM or SIGHUP while a `.npy` stream is being copied: the
+/// process still ends by the signal, and its temporary copy goes with it
+/// (it was left in the temporary directory).
+#[test]
+fn a_signal_during_an_import_from_a_pipe_leaves_no_copy_behind() {
+    let (_dir, bank) = bank(4, &[]);
+    let mut head = npy_v1_header("{'descr': '<f4', 'fortran_order': False, 'shape': (100000, 4), }");
+    head.extend_from_slice(&[0x3e; 64]);
+    for (name, signal) in [("INT", 2), ("TERM", 15), ("HUP", 1)] {
+        let scratch = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_deltamem"))
+            .args(["import", s(&bank), "--tree", "task", "--npy", "/dev/stdin"])
+            .env("TMPDIR", scratch.path())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        std::io::Write::write_all(&mut input, &head).unwrap();
+        // Bounded: the copy appears within 30 s, or the test fails.
+        let copying = (0..3000).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            std::fs::read_dir(scratch.path()).unwrap().next().is_some()
+        });
+        assert!(copying, "no temporary copy was made");
+        // The child is not yet waited for, so its pid is still its own.
+        let sent = std::process::Command::new("kill")
+            .args(["-s", name, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let status = child.wait().unwrap();
+        drop(input);
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(signal),
+            "{status:?}"
+        );
+        let left: Vec<_> = std::fs::read_dir(scratch.path()).unwrap().collect();
+        assert!(left.is_empty(), "signal {signal}: temporary copy left: {left:?}");
+    }
+    assert_eq!(ok(&["stats", s(&bank), "--json"]).json()["nodes"], 0);
 }

@@ -21,7 +21,7 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 
 use anyhow::Context;
@@ -31,7 +31,7 @@ use deltamem::{Bank, BankError, Change, ChangeAck, NewNode, PendingIds, SyncPoli
 use serde::Serialize;
 
 use super::import::{ImportArgs, with_writer};
-use super::input::LineReader;
+use super::input::{LineReader, MAX_LINE_BYTES};
 use super::progress::Progress;
 use super::{Status, is_input_error, write_json_line};
 
@@ -631,16 +631,29 @@ fn import_rows(args: &ImportArgs, npy: &Path, quiet: bool, bank: &mut Bank) -> a
     Ok(session)
 }
 
-/// An input that can be read a second time: the file itself, or for a
-/// pipe or process substitution (readable once) a temporary copy made by
-/// reading it once. The import reads its inputs twice (the check before
-/// anything is written, then the rows) and counts the META lines first.
-/// A `.npy` stream (`npy`) is checked as it is copied: its header before
-/// anything is copied (a copy of `/dev/zero` would fill the disk), and then
-/// only the data its shape declares is copied. A stream that goes on past
-/// that is refused, as a file with bytes past its data is, without being
-/// read to its end.
-fn rereadable(path: &Path, npy: bool) -> anyhow::Result<Option<tempfile::TempPath>> {
+/// What a streamed input is, for its copy.
+#[derive(Clone, Copy)]
+enum Stream {
+    /// A `.npy` matrix.
+    Npy,
+    /// META lines for a matrix of `row_count` rows.
+    Meta { row_count: u64 },
+}
+
+/// A copy of `path` in a temporary file if it is not a regular file (a
+/// pipe, `/dev/stdin`, a process substitution), so that it can be read
+/// twice; None for a regular file, which is read where it is. The import
+/// reads its inputs twice (the check before anything is written, then the
+/// rows) and counts the META lines first. The copy is removed when the
+/// import ends, by a signal too (`scratch`).
+///
+/// A stream is checked as it is copied, so that an endless one (a copy of
+/// `/dev/zero` would fill the disk) is refused after a bounded read: of a
+/// `.npy` stream, its header before anything is copied and then only the
+/// data its shape declares; of META, at most one line per row, each within
+/// `MAX_LINE_BYTES`. A stream that goes on past that is refused, as a
+/// file with bytes past its data is, without being read to its end.
+fn rereadable(path: &Path, stream: Stream) -> anyhow::Result<Option<tempfile::TempPath>> {
     let meta = std::fs::metadata(path).with_context(|| format!("cannot open {}", path.display()))?;
     if meta.is_file() {
         return Ok(None);
@@ -652,40 +665,87 @@ fn rereadable(path: &Path, npy: bool) -> anyhow::Result<Option<tempfile::TempPat
         .prefix(&format!("deltamem-copy-of-{name}-"))
         .tempfile()
         .context("cannot create a temporary file")?;
-    let read_error = || format!("cannot read {}", path.display());
-    if npy {
-        let header = read_header(path, &mut input)?;
-        copy.write_all(&header.prefix)
-            .context("cannot write a temporary file")?;
-        let copied_bytes =
-            std::io::copy(&mut (&mut input).take(header.data_bytes), &mut copy).with_context(read_error)?;
-        // A short stream is left for the reader, which names it truncated.
-        let mut one = [0u8; 1];
-        if copied_bytes == header.data_bytes && input.read(&mut one).with_context(read_error)? != 0 {
-            let info = &header.info;
-            anyhow::bail!(
-                "{}: invalid: the stream goes on past the {} bytes of data that shape ({}, {}) of {} declares",
-                path.display(),
-                header.data_bytes,
-                info.row_count,
-                info.dim_count,
-                info.descr
-            );
-        }
-    } else {
-        std::io::copy(&mut input, &mut copy).with_context(read_error)?;
+    crate::cli::scratch::remove_on_signal(copy.path())?;
+    match stream {
+        Stream::Npy => copy_npy(path, &mut input, &mut copy)?,
+        Stream::Meta { row_count } => copy_meta(path, input, &mut copy, row_count)?,
     }
     Ok(Some(copy.into_temp_path()))
 }
 
+/// Copies a `.npy` stream: its header, then the data its shape declares.
+fn copy_npy(path: &Path, input: &mut File, copy: &mut impl Write) -> anyhow::Result<()> {
+    let read_error = || format!("cannot read {}", path.display());
+    let header = read_header(path, input)?;
+    copy.write_all(&header.prefix)
+        .context("cannot write a temporary file")?;
+    let copied_bytes = std::io::copy(&mut input.take(header.data_bytes), copy).with_context(read_error)?;
+    // A short stream is left for the reader, which names it truncated.
+    let mut one = [0u8; 1];
+    if copied_bytes == header.data_bytes && input.read(&mut one).with_context(read_error)? != 0 {
+        let info = &header.info;
+        anyhow::bail!(
+            "{}: invalid: the stream goes on past the {} bytes of data that shape ({}, {}) of {} declares",
+            path.display(),
+            header.data_bytes,
+            info.row_count,
+            info.dim_count,
+            info.descr
+        );
+    }
+    Ok(())
+}
+
+/// Copies META lines from a stream: at most `row_count` lines (a last one
+/// may lack its newline), each at most `MAX_LINE_BYTES`.
+fn copy_meta(path: &Path, input: File, copy: &mut impl Write, row_count: u64) -> anyhow::Result<()> {
+    let mut input = BufReader::with_capacity(1 << 16, input);
+    let (mut lines_ended, mut line_bytes) = (0u64, 0usize);
+    loop {
+        let chunk = input
+            .fill_buf()
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        if chunk.is_empty() {
+            return Ok(());
+        }
+        if lines_ended == row_count {
+            anyhow::bail!(
+                "{}: invalid: META goes on past the {row_count} lines the matrix's rows need",
+                path.display()
+            );
+        }
+        let (take, ended) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(at) => (at + 1, true),
+            None => (chunk.len(), false),
+        };
+        line_bytes += take;
+        if line_bytes > MAX_LINE_BYTES + 1 {
+            anyhow::bail!(
+                "{}: invalid: line {} is longer than {MAX_LINE_BYTES} bytes",
+                path.display(),
+                lines_ended + 1
+            );
+        }
+        copy.write_all(&chunk[..take])
+            .context("cannot write a temporary file")?;
+        input.consume(take);
+        if ended {
+            lines_ended += 1;
+            line_bytes = 0;
+        }
+    }
+}
+
 pub fn run(args: &ImportArgs, npy: &Path, quiet: bool) -> anyhow::Result<Status> {
-    let npy_copy = rereadable(npy, true)?;
-    let meta_copy = args
-        .meta
-        .as_deref()
-        .map(|m| rereadable(m, false))
-        .transpose()?
-        .flatten();
+    let npy_copy = rereadable(npy, Stream::Npy)?;
+    let read_from = npy_copy.as_deref().unwrap_or(npy);
+    let meta_copy = match args.meta.as_deref() {
+        Some(meta) => {
+            let row_count = NpyRowReader::open(read_from)?.info().row_count;
+            rereadable(meta, Stream::Meta { row_count })?
+        }
+        None => None,
+    };
     let local;
     let args = match &meta_copy {
         Some(copy) => {
@@ -697,7 +757,6 @@ pub fn run(args: &ImportArgs, npy: &Path, quiet: bool) -> anyhow::Result<Status>
         }
         None => args,
     };
-    let read_from = npy_copy.as_deref().unwrap_or(npy);
     let (mut session, status) = with_writer(&args.bank, args.sync, |bank| import_rows(args, read_from, quiet, bank))?;
     // Closed cleanly: everything is checkpointed, every line may go out.
     session.flush_ready(u64::MAX)?;

@@ -22,6 +22,7 @@ pub mod progress;
 pub mod query;
 pub mod query_npy;
 pub mod report;
+pub mod scratch;
 #[cfg(feature = "server")]
 pub mod serve;
 pub mod update;

@@ -102,6 +102,43 @@ fn read_prefix(path: &Path, file: &mut impl Read) -> Result<(Vec<u8>, String), I
     Ok((text, header))
 }
 
+/// Deepest nesting of brackets a header may have: the dict, a shape tuple
+/// in it, and a structured dtype's list of tuples (refused later, by
+/// name). npyz's parser takes time exponential in the nesting: a header of
+/// 176 bytes with an extra key nested 20 deep took 19 s, 22 deep over 60 s.
+const MAX_HEADER_NESTING: usize = 3;
+
+/// Refuses a header nested deeper than `MAX_HEADER_NESTING` (brackets in
+/// quoted strings are not counted), before npyz parses it.
+fn nesting_guard(path: &Path, header: &str) -> Result<(), InteropError> {
+    let mut depth = 0usize;
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    for (at, c) in header.char_indices() {
+        match (quote, c) {
+            (Some(_), _) if escaped => escaped = false,
+            (Some(_), '\\') => escaped = true,
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"') => quote = Some(c),
+            (None, '(' | '[' | '{') => {
+                depth += 1;
+                if depth > MAX_HEADER_NESTING {
+                    return Err(InteropError::invalid(
+                        path,
+                        format!(
+                            "bad .npy header: nested deeper than {MAX_HEADER_NESTING} levels (at byte {at} of the header's dict)"
+                        ),
+                    ));
+                }
+            }
+            (None, ')' | ']' | '}') => depth = depth.saturating_sub(1),
+            (None, _) => {}
+        }
+    }
+    Ok(())
+}
+
 /// The `shape` tuple of a header, if it can be picked out. npyz multiplies
 /// the dimensions without overflow checks, so a forged shape is caught
 /// here, before npyz sees it.
@@ -193,6 +230,7 @@ pub struct NpyHeader {
 /// bytes (bounded by `MAX_HEADER_BYTES`), whatever follows.
 pub fn read_header(path: &Path, reader: &mut impl Read) -> Result<NpyHeader, InteropError> {
     let (prefix, header) = read_prefix(path, reader)?;
+    nesting_guard(path, &header)?;
     shape_guard(path, &header)?;
     let npy =
         NpyFile::new(prefix.as_slice()).map_err(|e| InteropError::invalid(path, format!("bad .npy header: {e}")))?;
@@ -472,5 +510,19 @@ impl Drop for NpyMatrixWriter {
         if self.sink.is_some() || self.tmp.exists() {
             let _ = std::fs::remove_file(&self.tmp);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn brackets_in_quotes_do_not_count_as_nesting() {
+        let path = Path::new("h.npy");
+        let shallow = r#"{'descr': '<f4', 'shape': (2, 8), 'a': "((([[[", 'b': '\'(((', }"#;
+        assert!(nesting_guard(path, shallow).is_ok());
+        assert!(nesting_guard(path, "{'shape': (2, 8), 'x': [[[1]]]}").is_err());
+        assert!(nesting_guard(path, "{'descr': [('a', '<f4')], 'shape': (2,)}").is_ok());
     }
 }

@@ -1,0 +1,47 @@
+//! Temporary copies of inputs read from a pipe are removed when the
+//! command ends, and also when SIGINT, SIGTERM or SIGHUP ends it: the
+//! default action of those kills the process before a `TempPath`'s drop
+//! can run, and an interrupted `import --npy /dev/stdin` left its copy
+//! (up to the whole matrix) in the temporary directory.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+
+/// Paths to remove if a terminating signal comes.
+static LIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Whether the thread that waits for the signals runs (or why not).
+static WATCHER: OnceLock<Result<(), String>> = OnceLock::new();
+
+/// Has `path` removed if SIGINT, SIGTERM or SIGHUP comes; the process then
+/// ends as the signal's default action ends it. (Its owner removes it in
+/// the normal course; removing a path already gone does nothing.)
+pub fn remove_on_signal(path: &Path) -> anyhow::Result<()> {
+    WATCHER
+        .get_or_init(|| start_watcher().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(|e| anyhow::anyhow!("cannot watch for signals: {e}"))?;
+    LIVE.lock().unwrap_or_else(|p| p.into_inner()).push(path.to_path_buf());
+    Ok(())
+}
+
+fn start_watcher() -> std::io::Result<()> {
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
+    std::thread::Builder::new()
+        .name("deltamem-signals".into())
+        .spawn(move || {
+            let Some(signal) = signals.forever().next() else {
+                return;
+            };
+            for path in LIVE.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                let _ = std::fs::remove_file(path);
+            }
+            // Ends the process as if no handler had been installed; the
+            // exit is for a signal whose default does not end it.
+            let _ = signal_hook::low_level::emulate_default_handler(signal);
+            std::process::exit(128 + signal);
+        })?;
+    Ok(())
+}
