@@ -701,3 +701,46 @@ fn a_signal_during_an_import_from_a_pipe_leaves_no_copy_behind() {
     }
     assert_eq!(ok(&["stats", s(&bank), "--json"]).json()["nodes"], 0);
 }
+
+/// A writing command whose stdout fails (a full disk here; a closed pipe
+/// the same) stops, and says on stderr how much it had stored: before, an
+/// import that had stored every row said only that stdout failed, and an
+/// insert into `| head -1` said nothing at all.
+#[test]
+fn stores_made_before_stdout_failed_are_reported() {
+    let (dir, bank) = bank(4, &[]);
+    let npy = dir.path().join("r.npy");
+    write_npy(&npy, &random_rows(300, 4, 3), NpyElement::F32);
+    let full = |args: &[&str], stdin: &[u8]| {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_deltamem"))
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::fs::File::create("/dev/full").unwrap())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        let stdin = stdin.to_vec();
+        std::thread::spawn(move || std::io::Write::write_all(&mut input, &stdin));
+        let out = child.wait_with_output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, stderr) = full(&["import", s(&bank), "--tree", "task", "--npy", s(&npy)], b"");
+    assert!(
+        code == Some(1) && stderr.contains("300 rows had been stored"),
+        "{stderr}"
+    );
+    let lines: String = (0..50)
+        .map(|i| {
+            format!(
+                "{{\"tree\":\"task\",\"attach\":\"root\",\"label\":\"SUCCESS\",\"scenario\":\"s{i}\",\"payload\":{{}},\"embedding\":[1,{i},0,1]}}\n"
+            )
+        })
+        .collect();
+    let (code, stderr) = full(&["insert", s(&bank), "--sync", "none"], lines.as_bytes());
+    let stored = ok(&["stats", s(&bank), "--json"]).json()["nodes"].as_u64().unwrap() - 300;
+    assert!(
+        code == Some(1) && stored > 0 && stderr.contains(&format!("{stored} nodes had been stored")),
+        "{stored}: {stderr}"
+    );
+}

@@ -568,7 +568,15 @@ fn check_shapes(args: &ImportArgs, npy: &Path, bank: &Bank) -> anyhow::Result<Np
 
 type Stdout = std::io::BufWriter<std::io::StdoutLock<'static>>;
 
-fn import_rows(args: &ImportArgs, npy: &Path, quiet: bool, bank: &mut Bank) -> anyhow::Result<Session<Stdout>> {
+/// Imports the rows; on an error, `stored_before_error` is how many were
+/// stored before it.
+fn import_rows(
+    args: &ImportArgs,
+    npy: &Path,
+    quiet: bool,
+    bank: &mut Bank,
+    stored_before_error: &mut u64,
+) -> anyhow::Result<Session<Stdout>> {
     let reader = check_shapes(args, npy, bank)?;
     let total = reader.info().row_count;
     let mut session = Session {
@@ -620,15 +628,16 @@ fn import_rows(args: &ImportArgs, npy: &Path, quiet: bool, bank: &mut Bank) -> a
         false => 1,
     };
     // The precheck checked every row's values already.
-    for_each_batch(args, npy, reader, metas, args.keep_going, queue, |batch, rows_read| {
+    let imported = for_each_batch(args, npy, reader, metas, args.keep_going, queue, |batch, rows_read| {
         let free = session.add(bank, batch, &ctx)?;
         session.flush_ready(bank.durable_below_lsn())?;
         progress.set(rows_read);
         Ok(free)
-    })?;
-    session.store_group(bank, &ctx)?;
-    session.flush_ready(bank.durable_below_lsn())?;
-    Ok(session)
+    })
+    .and_then(|()| session.store_group(bank, &ctx))
+    .and_then(|_| session.flush_ready(bank.durable_below_lsn()));
+    *stored_before_error = session.stored;
+    imported.map(|()| session)
 }
 
 /// What a streamed input is, for its copy.
@@ -757,9 +766,15 @@ pub fn run(args: &ImportArgs, npy: &Path, quiet: bool) -> anyhow::Result<Status>
         }
         None => args,
     };
-    let (mut session, status) = with_writer(&args.bank, args.sync, |bank| import_rows(args, read_from, quiet, bank))?;
+    let mut stored_before_error = 0;
+    let (mut session, status) = with_writer(&args.bank, args.sync, |bank| {
+        import_rows(args, read_from, quiet, bank, &mut stored_before_error)
+    })
+    .inspect_err(|_| super::report_stored_before_error(stored_before_error, "rows"))?;
     // Closed cleanly: everything is checkpointed, every line may go out.
-    session.flush_ready(u64::MAX)?;
+    session
+        .flush_ready(u64::MAX)
+        .inspect_err(|_| super::report_stored_before_error(session.stored, "rows"))?;
     if !quiet {
         let batches = match session.rejected_batches {
             0 => String::new(),

@@ -165,11 +165,12 @@ pub fn run(path: &Path, sync: SyncArg, quiet: bool) -> anyhow::Result<Status> {
     // they are durable does not unsay them: exit 3, "saved, do not
     // repeat", or a caller that retries on failure would store every line
     // twice.
-    let ((), closed) = super::with_writer(path, Some(policy), |bank| {
+    let ran = super::with_writer(path, Some(policy), |bank| {
         let events = input::spawn_stdin_reader();
         session.run(bank, &events)
-    })?;
-    session.flush_all()?;
+    })
+    .and_then(|((), closed)| session.flush_all().map(|()| closed));
+    let closed = ran.inspect_err(|_| super::report_stored_before_error(session.stored, "nodes"))?;
     if !quiet {
         eprintln!("deltamem: {} stored, {} rejected", session.stored, session.rejected);
     }

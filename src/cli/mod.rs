@@ -163,8 +163,14 @@ pub fn with_writer<T>(
         Ok(value) => value,
         Err(e) => {
             // The work's error is the one to report; closing only releases
-            // the lock (and recovers nothing that was not committed).
-            let _ = bank.close();
+            // the lock (and recovers nothing that was not committed). A
+            // close that fails too is said, as what was stored before the
+            // error may then not all be durable.
+            if let Err(why) = bank.close() {
+                eprintln!(
+                    "deltamem: closing the bank after the error failed too ({why}): changes not yet durable may be lost"
+                );
+            }
             return Err(e);
         }
     };
@@ -213,6 +219,16 @@ pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
         });
         kind == Some(io::ErrorKind::BrokenPipe)
     })
+}
+
+/// Tells, on stderr, how much a writing command stored before an error
+/// stopped it: its acknowledgements may not have reached stdout (a closed
+/// pipe, a full disk, a read that failed part-way), and a change made
+/// durable must be reported as made. Nothing is said when nothing was.
+pub fn report_stored_before_error(count: u64, what: &str) {
+    if count > 0 {
+        eprintln!("deltamem: {count} {what} had been stored when the error stopped the command");
+    }
 }
 
 /// Prints human-readable text plus a newline. Unlike `println!`, a closed
