@@ -653,6 +653,24 @@ fn fields_the_reference_schema_cannot_keep_are_refused_by_name() {
             json!({"memory_description": "old", "activation_condition": "new"}),
             None,
         ),
+        // The reserved fields, as an insert may fill them: a key held
+        // twice lost one value, a flag came back set on the row, and a
+        // node_type or created_at the import refuses made a file that
+        // its own import could not read.
+        (json!({"foo": "a", "reference_payload": "{\"foo\":1}"}), Some("\"foo\"")),
+        (
+            json!({"reference_meta": "{\"is_consolidated\":true}"}),
+            Some("\"is_consolidated\""),
+        ),
+        (json!({"reference_meta": "{\"node_type\":\"LEAF\"}"}), Some("LEAF")),
+        (
+            json!({"reference_meta": "{\"created_at\":\"yesterday\"}"}),
+            Some("\"created_at\""),
+        ),
+        (
+            json!({"reference_meta": "{\"episode_idx\":4,\"mine\":[1]}", "reference_payload": "{\"n\":2}"}),
+            None,
+        ),
     ];
     for (payload, refused) in cases {
         let (dir, bank) = bank(4, &[]);

@@ -213,13 +213,22 @@ fn placeholder(bank: &Bank, tree: &str, view: &TreeView) -> PyValue {
 
 /// Why a node's payload fields cannot be written in the reference schema
 /// and read back as they are, if so: a field named like the scenario's key
-/// would be dropped (the file has one such key), and a legacy key whose
-/// current key is absent would be read back under the current key.
-fn unrepresentable_field(fields: &BTreeMap<String, String>, kept: &Map<String, Value>) -> Option<String> {
-    // Only a field stored by an insert can meet either case: an import
-    // keeps neither (its non-string values, in `kept`, read back as they
+/// would be dropped (the file has one such key), a legacy key whose
+/// current key is absent would be read back under the current key, and
+/// the reserved fields (`reference_payload`, `reference_meta`) must hold
+/// only what an import puts there (`reserved_field_problem`).
+fn unrepresentable_field(
+    fields: &BTreeMap<String, String>,
+    kept: &Map<String, Value>,
+    kept_meta: &Map<String, Value>,
+) -> Option<String> {
+    // Only a field stored by an insert can meet any case: an import
+    // keeps none (its non-string values, in `kept`, read back as they
     // were read the first time).
     let has = |key: &str| fields.contains_key(key) || kept.get(key).is_some_and(|v| !v.is_null());
+    if let Some(problem) = reserved_field_problem(fields, kept, kept_meta) {
+        return Some(problem);
+    }
     if fields.contains_key(PAYLOAD_KEYS[0]) {
         return Some(format!(
             "payload field {:?} would collide with the scenario, which the reference file keeps under that key",
@@ -235,6 +244,50 @@ fn unrepresentable_field(fields: &BTreeMap<String, String>, kept: &Map<String, V
              (the reference's legacy name for it)"
             )
         })
+}
+
+/// Meta keys an import reads into the bank's columns and so never keeps
+/// in `reference_meta`: kept there (by an insert), export would write the
+/// column's value over them, or set a flag the row does not have.
+const META_KEYS_NEVER_KEPT: [&str; 6] = [
+    "result_status",
+    "created_at",
+    "hit_count",
+    "success_count",
+    "is_consolidated",
+    "is_consolidated_root",
+];
+
+/// What in the reserved fields an import could not have put there: a
+/// `reference_payload` key that is also a field of its own (the file would
+/// hold the key twice and one value would be lost) or the scenario's key,
+/// and in `reference_meta` a key in `META_KEYS_NEVER_KEPT` or a
+/// `node_type` an import refuses.
+fn reserved_field_problem(
+    fields: &BTreeMap<String, String>,
+    kept: &Map<String, Value>,
+    kept_meta: &Map<String, Value>,
+) -> Option<String> {
+    if let Some(key) = kept.keys().find(|k| fields.contains_key(*k) || *k == PAYLOAD_KEYS[0]) {
+        return Some(format!(
+            "payload field {REFERENCE_PAYLOAD_FIELD} holds key {key:?}, which the node's payload has already: \
+             the file cannot hold both"
+        ));
+    }
+    if let Some(key) = kept_meta.keys().find(|k| META_KEYS_NEVER_KEPT.contains(&k.as_str())) {
+        return Some(format!(
+            "payload field {REFERENCE_META_FIELD} holds meta key {key:?}, which the file takes from the bank's \
+             own column: its value would be lost"
+        ));
+    }
+    match kept_meta.get("node_type") {
+        Some(Value::String(t)) if t == "ROOT" || t == "RESIDUAL" => None,
+        None => None,
+        Some(other) => Some(format!(
+            "payload field {REFERENCE_META_FIELD} holds node_type {other}, which an import refuses \
+             (\"ROOT\" or \"RESIDUAL\")"
+        )),
+    }
 }
 
 /// A JSON-object payload field, or an error naming the node.
@@ -258,7 +311,7 @@ fn node_value(bank: &Bank, view: &TreeView, index: u32, with_placeholder: bool) 
     let node_id = view.node_id(index);
     let ref_meta = json_field(&payload.fields, REFERENCE_META_FIELD, &node_id)?;
     let ref_payload = json_field(&payload.fields, REFERENCE_PAYLOAD_FIELD, &node_id)?;
-    if let Some(detail) = unrepresentable_field(&payload.fields, &ref_payload) {
+    if let Some(detail) = unrepresentable_field(&payload.fields, &ref_payload, &ref_meta) {
         return Err(InteropError::Node {
             file: "the bank".into(),
             node_id,
