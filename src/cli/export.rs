@@ -4,9 +4,10 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use super::scratch::write_atomically;
 use anyhow::Context;
+use deltamem::interop::InteropError;
 use deltamem::interop::reference::{self, ExportOptions, ExportReport};
-use deltamem::interop::{InteropError, write_atomically};
 
 use super::Status;
 

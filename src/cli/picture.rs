@@ -428,7 +428,7 @@ pub fn run_draw(
         DrawFormat::Svg => tree_svg(&TreePicture::load(&bank, tree, max_label_chars)?, max_label_chars),
     };
     match out {
-        Some(file) => deltamem::interop::write_atomically(file, |w| {
+        Some(file) => super::scratch::write_atomically(file, |w| {
             w.write_all(text.as_bytes())
                 .map_err(|e| deltamem::interop::InteropError::io("write", file)(e))
         })?,

@@ -7,7 +7,7 @@ use anyhow::Context;
 use deltamem::Bank;
 use deltamem::api::{Compression, StatsReply, TreeStatsReply, VerifyReply};
 
-use deltamem::interop::write_atomically;
+use super::scratch::write_atomically;
 
 use super::progress::Progress;
 use super::{Status, write_json_line};

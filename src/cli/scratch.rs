@@ -45,3 +45,14 @@ fn start_watcher() -> std::io::Result<()> {
         })?;
     Ok(())
 }
+
+/// `interop::write_atomically`, with its temporary sibling removed on a
+/// terminating signal too: a SIGTERM during an export of a 1M-node bank
+/// left a 14.6 GB `.NAME.tmp-PID` beside the output.
+pub fn write_atomically(
+    path: &Path,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> Result<(), deltamem::interop::InteropError>,
+) -> anyhow::Result<()> {
+    remove_on_signal(&deltamem::interop::temp_sibling(path))?;
+    Ok(deltamem::interop::write_atomically(path, write)?)
+}

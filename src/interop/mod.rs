@@ -76,6 +76,15 @@ impl InteropError {
     }
 }
 
+/// The temporary sibling `write_atomically` writes `path` through.
+pub fn temp_sibling(path: &std::path::Path) -> std::path::PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+}
+
 /// Writes a file through a temporary sibling and renames it into place, so
 /// an interrupted write never leaves a half file under the final name (the
 /// reference truncates and rewrites in place; see SEMANTICS.md).
@@ -83,11 +92,7 @@ pub fn write_atomically(
     path: &std::path::Path,
     write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> Result<(), InteropError>,
 ) -> Result<(), InteropError> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let tmp = temp_sibling(path);
     let result = (|| {
         let file = std::fs::File::create(&tmp).map_err(InteropError::io("create", &tmp))?;
         let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
