@@ -698,6 +698,22 @@ fn fields_the_reference_schema_cannot_keep_are_refused_by_name() {
                     run.stderr
                 );
                 assert!(!out.exists(), "{payload}: a refused export left {out:?}");
+                // To stdout (which cannot be taken back) nothing is
+                // written: it held a cut-off document.
+                for format in ["reference-json", "jsonl"] {
+                    let run = fails(
+                        &args[..6]
+                            .iter()
+                            .map(|a| if *a == "reference-json" { format } else { a })
+                            .collect::<Vec<_>>(),
+                        1,
+                    );
+                    assert!(
+                        run.stdout.is_empty() && run.stderr.contains("n1"),
+                        "{format}: {}",
+                        run.stdout
+                    );
+                }
             }
             None => {
                 ok(&args);

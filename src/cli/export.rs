@@ -49,6 +49,10 @@ pub fn run(args: &ExportArgs, quiet: bool) -> anyhow::Result<Status> {
     let report = match &args.out {
         Some(path) => export_to_file(&bank, args, path)?,
         None => {
+            // Stdout cannot be taken back: a node the export would refuse
+            // part-way is refused before the first byte (it left a cut-off
+            // document behind).
+            reference::check_exportable(&bank, &args.tree)?;
             let mut out = super::stdout();
             let report = write(&bank, args, &mut out)?;
             out.flush().context("cannot write to stdout")?;

@@ -47,7 +47,7 @@ mod export;
 mod import;
 mod parse;
 
-pub use export::{ExportOptions, ExportReport, export_jsonl, export_tree, synthetic_uuid};
+pub use export::{ExportOptions, ExportReport, check_exportable, export_jsonl, export_tree, synthetic_uuid};
 pub use import::{ImportOptions, ImportReport, import_tree};
 pub use parse::{ReferenceNode, ReferenceTree, parse_reference, read_reference};
 
