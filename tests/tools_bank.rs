@@ -568,3 +568,34 @@ fn usage_errors_exit_2() {
         assert!(run.stderr.contains(s(&missing)), "{}", run.stderr);
     }
 }
+
+/// A freeze that fails part-way (here the file size limit, as a full disk
+/// would) removes its work directory `OUT.freezing`: it was left holding
+/// what it had copied until the next freeze to the same OUT. A freeze to
+/// the same OUT afterwards succeeds.
+#[test]
+fn a_failed_freeze_leaves_no_work_directory() {
+    let (dir, bank) = bank(64, &[]);
+    let npy = dir.path().join("v.npy");
+    write_npy(&npy, &random_rows(4000, 64, 5), NpyElement::F32);
+    ok(&["import", s(&bank), "--tree", "task", "--npy", s(&npy)]);
+    let out = dir.path().join("frozen");
+    // 256 KiB per file: the vectors (1 MB) cannot be written.
+    let limited = std::process::Command::new("bash")
+        .args([
+            "-c",
+            "trap '' XFSZ; ulimit -f 256; exec \"$0\" freeze \"$1\" \"$2\"",
+            env!("CARGO_BIN_EXE_deltamem"),
+            s(&bank),
+            s(&out),
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&limited.stderr);
+    assert_eq!(limited.status.code(), Some(1), "{stderr}");
+    assert!(!out.exists(), "{stderr}");
+    let work = dir.path().join("frozen.freezing");
+    assert!(!work.exists(), "the work directory was left: {stderr}");
+    ok(&["freeze", s(&bank), s(&out)]);
+    assert_eq!(ok(&["stats", s(&out), "--json"]).json()["nodes"], 4000);
+}
