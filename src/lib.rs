@@ -22,7 +22,7 @@ pub mod server;
 
 pub use bank::{
     Attach, Bank, BankConfig, BankError, Change, ChangeAck, CompactReport, ConsolidateAck, ErrorKind, FreezeReport,
-    HitAck, ImportedState, InsertAck, Match, NewNode, NodeInfo, NodeRef, OpenOptions, PendingIds, Problem,
+    HitAck, ImportedState, InsertAck, Match, NewNode, NodeInfo, NodeRef, OpenOptions, OptionsKey, PendingIds, Problem,
     QueryOptions, Stats, SyncPolicy, TreeStats, VerifyReport, VerifyScope,
 };
 pub use format::manifest::TreeSpec;

@@ -1047,3 +1047,81 @@ fn export_refuses_to_write_into_the_bank_directory() {
     }
     ok(&["verify", s(&b)], "");
 }
+
+/// Queries piped in together are scored in shared passes (grouped by tree
+/// and options): every answer, and every error, must be what the same
+/// line gets when it is the only one (a process each), in input order.
+/// The bank holds residual chains, failures and a consolidated node.
+#[test]
+fn piped_queries_answer_as_each_line_alone() {
+    let (_dir, b) = bank(&["--consolidate-after", "1"]);
+    let mut state = 7u64;
+    let mut unit = || -> Vec<f32> {
+        (0..4)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect()
+    };
+    let mut nodes = Vec::new();
+    let mut last_task = None;
+    for i in 0..60 {
+        let label = if i % 4 == 0 { "FAILURE" } else { "SUCCESS" };
+        if i % 5 == 0 {
+            nodes.push(node("env", json!("root"), label, &format!("n{i}"), &unit()));
+            continue;
+        }
+        let attach = match last_task {
+            Some(parent) if i % 3 != 0 => json!({ "parent": parent }),
+            _ => json!("root"),
+        };
+        nodes.push(node("task", attach, label, &format!("n{i}"), &unit()));
+        last_task = Some(i);
+    }
+    let acks = insert(&b, &nodes);
+    let residual = acks.iter().position(|a| a["type"] == "RESIDUAL").unwrap();
+    ok(&["hit", s(&b), &residual.to_string()], "");
+    ok(
+        &[
+            "consolidate",
+            s(&b),
+            &residual.to_string(),
+            "--payload",
+            "{\"execution_procedure\":\"all\"}",
+        ],
+        "",
+    );
+    let mut lines = Vec::new();
+    for i in 0..48 {
+        let mut q = json!({"tree": if i % 6 == 0 { "env" } else { "task" }, "embedding": unit()});
+        match i % 8 {
+            1 => q["k"] = json!(3),
+            2 => q["tau"] = json!(-1.0),
+            3 => q["eps"] = json!(0.5),
+            4 => q["include_consolidated"] = json!(true),
+            5 => q["embedding"] = json!([0.0, 0.0, 0.0, 0.0]),
+            6 => q["tree"] = json!("nope"),
+            _ => {}
+        }
+        lines.push(if i == 13 {
+            "{not json".to_string()
+        } else {
+            q.to_string()
+        });
+    }
+    let together = deltamem(&["query", s(&b), "--k", "2"], &(lines.join("\n") + "\n"));
+    let answers: Vec<&str> = together.stdout.lines().collect();
+    assert_eq!(answers.len(), lines.len());
+    for (i, line) in lines.iter().enumerate() {
+        let alone = deltamem(&["query", s(&b), "--k", "2"], &format!("{line}\n"));
+        let want = alone
+            .stdout
+            .trim_end()
+            .replace("\"line\":1,", &format!("\"line\":{},", i + 1));
+        assert_eq!(answers[i], want, "line {}: {line}", i + 1);
+    }
+    assert!(answers.iter().filter(|a| a.contains("\"error\"")).count() >= 12);
+}

@@ -71,7 +71,9 @@ impl Bank {
         remove_own_work_dir(&tmp)?;
         std::fs::create_dir_all(&tmp).map_err(io("create directory"))?;
         let target = FileStorage::new(&tmp);
-        let built = self.freeze_into(&target).and_then(|report| make_read_only(&tmp).map(|()| report));
+        let built = self
+            .freeze_into(&target)
+            .and_then(|report| make_read_only(&tmp).map(|()| report));
         // A failed freeze (a full disk) takes its work directory away with
         // it: it held up to a whole bank's worth of space until the next
         // freeze to the same OUT. The error is the freeze's.

@@ -32,7 +32,7 @@ pub use error::{BankError, ErrorKind};
 pub use load::BatchResult;
 pub use mutate::{Attach, Change, ChangeAck, ConsolidateAck, HitAck, ImportedState, InsertAck, NewNode, PendingIds};
 pub use open::{BankConfig, OpenOptions};
-pub use scan::{Match, PreparedQuery, QueryOptions, dot};
+pub use scan::{Match, OptionsKey, PreparedQuery, QueryOptions, dot};
 pub use stats::{Stats, StatsTally, TreeStats};
 pub use verify::{Problem, VerifyReport, VerifyScope};
 

@@ -1,21 +1,29 @@
 //! `deltamem query`: one output line per stdin line: the answer, or
 //! `{"line":N,"error":"..."}` for a line that cannot be answered.
+//!
+//! The lines already waiting when one is read (up to a pass's worth,
+//! `Bank::pass_queries`) are answered together: queries of one tree with
+//! equal options are scored in one pass over the column
+//! (`Bank::query_batch`), as `query --npy` scores its rows. Answered one
+//! scan each, 100 piped queries on a 1M-node bank took 8x as long as the
+//! same queries from a `.npy`. A co-process that sends one query and waits
+//! for its answer is answered at once: nothing waits for more lines.
 
-use std::io::{self, Write};
+use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::mpsc::Receiver;
 
 use anyhow::Context;
-use deltamem::Bank;
-use deltamem::api::{self, ApiError, LineError, QueryDefaults, QueryReply, QueryRequest};
+use deltamem::api::{self, ApiError, LineError, QueryDefaults, QueryReply, QueryRequest, TreeQuery};
+use deltamem::{Bank, OptionsKey};
 
-use super::input::LineReader;
+use super::input::{self, Event, Line};
 use super::{Status, write_json_line};
 
-/// Answers one line, or says why it cannot. Every failure here concerns
-/// this query only (even a corrupt node: other queries may not touch it).
-fn answer(bank: &Bank, text: &str, defaults: QueryDefaults) -> Result<QueryReply, ApiError> {
-    let (tree, query) = api::parse_object::<QueryRequest>(text)?.into_parts();
-    query.answer(bank, &tree, defaults)
+/// One line read: its number and the query on it, or why it has none.
+struct Asked {
+    number: u64,
+    query: Result<(String, TreeQuery), String>,
 }
 
 pub fn run(path: &Path, k: usize, include_consolidated: bool) -> anyhow::Result<Status> {
@@ -25,32 +33,100 @@ pub fn run(path: &Path, k: usize, include_consolidated: bool) -> anyhow::Result<
         include_consolidated,
     };
     let mut out = super::stdout();
-    let mut lines = LineReader::new(io::stdin().lock());
+    let events = input::spawn_stdin_reader();
     let mut rejected = 0u64;
-    // One output line per input line, an answer or a `LineError`, so
-    // answers line up with their queries.
-    while let Some(line) = lines.next_line().context("cannot read stdin")? {
-        let result = line
-            .text
-            .and_then(|text| answer(&bank, &text, defaults).map_err(|e| e.to_string()));
-        match result {
-            Ok(answer) => write_json_line(&mut out, &answer)?,
-            Err(error) => {
-                rejected += 1;
-                eprintln!("deltamem: line {}: {error}", line.number);
-                write_json_line(
-                    &mut out,
-                    &LineError {
-                        line: line.number,
-                        error,
-                    },
-                )?;
+    while let Some(lines) = waiting_lines(&events, bank.pass_queries().max(1))? {
+        let asked: Vec<Asked> = lines.into_iter().map(read_query).collect();
+        // One output line per input line, in input order, an answer or a
+        // `LineError`, so answers line up with their queries.
+        for (number, result) in asked.iter().map(|a| a.number).zip(answer_all(&bank, &asked, defaults)) {
+            match result {
+                Ok(answer) => write_json_line(&mut out, &answer)?,
+                Err(error) => {
+                    rejected += 1;
+                    eprintln!("deltamem: line {number}: {error}");
+                    write_json_line(&mut out, &LineError { line: number, error })?;
+                }
             }
         }
-        // A caller may be waiting for this answer before it sends the next
-        // query (a co-process), so do not sit on it.
-        out.flush().context("cannot write to stdout")?;
+        // A caller may be waiting for these answers before it sends the
+        // next query (a co-process), so do not sit on them.
+        std::io::Write::flush(&mut out).context("cannot write to stdout")?;
     }
-    out.flush().context("cannot write to stdout")?;
     Ok(if rejected > 0 { Status::Failed } else { Status::Ok })
+}
+
+/// The next line (waiting for it), and up to `most - 1` more that have
+/// already arrived; None at the end of the input.
+fn waiting_lines(events: &Receiver<Event>, most: usize) -> anyhow::Result<Option<Vec<Line>>> {
+    let mut lines = Vec::new();
+    let mut next = events.recv().ok();
+    while let Some(event) = next {
+        match event {
+            Event::Line(line) => lines.push(line),
+            Event::ReadFailed(e) => return Err(e).context("cannot read stdin"),
+        }
+        next = match lines.len() < most {
+            true => events.try_recv().ok(),
+            false => None,
+        };
+    }
+    Ok((!lines.is_empty()).then_some(lines))
+}
+
+fn read_query(line: Line) -> Asked {
+    let query = line.text.and_then(|text| {
+        api::parse_object::<QueryRequest>(&text)
+            .map(QueryRequest::into_parts)
+            .map_err(|e| e.to_string())
+    });
+    Asked {
+        number: line.number,
+        query,
+    }
+}
+
+/// Answers every query of `asked`, in order: those of one tree with equal
+/// options in one pass. A pass that fails (one query's embedding is bad)
+/// is answered a query at a time, so that the error is that query's own.
+/// Every failure concerns its query only (even a corrupt node: other
+/// queries may not touch it).
+fn answer_all(bank: &Bank, asked: &[Asked], defaults: QueryDefaults) -> Vec<Result<QueryReply, String>> {
+    let mut answers: Vec<Option<Result<QueryReply, String>>> = (0..asked.len()).map(|_| None).collect();
+    let mut groups: BTreeMap<(&str, OptionsKey), Vec<usize>> = BTreeMap::new();
+    for (i, a) in asked.iter().enumerate() {
+        let key = a.query.as_ref().map_err(Clone::clone).and_then(|(tree, query)| {
+            let options = query.options(defaults).map_err(|e| ApiError::from(e).to_string())?;
+            Ok((tree.as_str(), options.batch_key()))
+        });
+        match key {
+            Ok(key) => groups.entry(key).or_default().push(i),
+            Err(e) => answers[i] = Some(Err(e)),
+        }
+    }
+    for ((tree, _), members) in groups {
+        let query = |i: usize| asked[i].query.as_ref().map(|(_, q)| q).ok();
+        let Some(first) = query(members[0]) else { continue };
+        let embeddings: Vec<&[f32]> = members
+            .iter()
+            .filter_map(|&i| query(i))
+            .map(|q| &q.embedding[..])
+            .collect();
+        let batched = first
+            .options(defaults)
+            .ok()
+            .and_then(|o| bank.query_batch(tree, &embeddings, &o).ok());
+        match batched {
+            Some(found) => members.iter().zip(found).for_each(|(&i, matches)| {
+                answers[i] = Some(QueryReply::new(bank, matches).map_err(|e| ApiError::from(e).to_string()));
+            }),
+            None => members.iter().for_each(|&i| {
+                answers[i] = query(i).map(|q| q.answer(bank, tree, defaults).map_err(|e| e.to_string()));
+            }),
+        }
+    }
+    answers
+        .into_iter()
+        .map(|a| a.unwrap_or_else(|| Err("not answered".to_string())))
+        .collect()
 }

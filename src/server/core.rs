@@ -27,7 +27,8 @@ use super::error::{ApiError, ApiResult};
 use super::metrics::Metrics;
 use super::rotation::Claim;
 use crate::bank::{
-    Bank, BankError, ErrorKind, NewNode, NodeRef, OpenOptions, PreparedQuery, QueryOptions, SyncPolicy, VerifyReport,
+    Bank, BankError, ErrorKind, NewNode, NodeRef, OpenOptions, OptionsKey, PreparedQuery, QueryOptions, SyncPolicy,
+    VerifyReport,
 };
 use crate::tree::{Candidate, TopK};
 
@@ -329,7 +330,7 @@ impl Core {
         self.shared.metrics.query_batch(jobs.len());
         let mut groups: BTreeMap<OptionsKey, Vec<QueryJob>> = BTreeMap::new();
         for job in jobs {
-            groups.entry(OptionsKey::of(&job.options)).or_default().push(job);
+            groups.entry(job.options.batch_key()).or_default().push(job);
         }
         for (_, group) in groups {
             self.answer_group(tree, group);
@@ -547,7 +548,7 @@ fn score_claim(bank: &Bank, claim: &Claim<PreparedQuery>) -> Vec<ApiResult<Vec<C
     let mut groups: BTreeMap<(OptionsKey, u32, u32, u32), Vec<usize>> = BTreeMap::new();
     for (i, (_, query, rows, limit)) in claim.queries.iter().enumerate() {
         let visible = if apart { *limit } else { hi };
-        let key = (OptionsKey::of(query.options()), rows.start, rows.end, visible);
+        let key = (query.options().batch_key(), rows.start, rows.end, visible);
         groups.entry(key).or_default().push(i);
     }
     let mut out = vec![Ok(Vec::new()); claim.queries.len()];
@@ -580,21 +581,6 @@ fn blocking_here<R>(work: impl FnOnce() -> R) -> R {
 
 pub(super) fn poisoned_lock() -> ApiError {
     ApiError::unavailable("the bank's lock was poisoned by a panic; restart the server")
-}
-
-/// Queries with equal options can share a pass.
-#[derive(PartialEq, Eq, PartialOrd, Ord)]
-struct OptionsKey(usize, Option<u32>, Option<u32>, bool);
-
-impl OptionsKey {
-    fn of(o: &QueryOptions) -> OptionsKey {
-        OptionsKey(
-            o.k,
-            o.tau.map(f32::to_bits),
-            o.eps.map(f32::to_bits),
-            o.include_consolidated,
-        )
-    }
 }
 
 /// One write against the bank (no fsync: the round does that). Takes the

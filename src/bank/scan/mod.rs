@@ -50,6 +50,12 @@ pub struct QueryOptions {
     pub include_consolidated: bool,
 }
 
+/// What of a query's options decides whether it can be scored in one pass
+/// with another (`Bank::query_batch` takes one options for all): equal
+/// keys, equal options (floats by their bits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OptionsKey(usize, Option<u32>, Option<u32>, bool);
+
 impl Default for QueryOptions {
     fn default() -> QueryOptions {
         QueryOptions {
@@ -62,6 +68,16 @@ impl Default for QueryOptions {
 }
 
 impl QueryOptions {
+    /// Queries with equal keys can share a pass (`OptionsKey`).
+    pub fn batch_key(&self) -> OptionsKey {
+        OptionsKey(
+            self.k,
+            self.tau.map(f32::to_bits),
+            self.eps.map(f32::to_bits),
+            self.include_consolidated,
+        )
+    }
+
     /// Checks tau and eps against the ranges `init` enforces (one home:
     /// `check_tau`, `check_eps`), so a query cannot score outside them.
     pub fn validate(&self) -> Result<(), BankError> {
