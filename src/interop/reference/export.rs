@@ -306,13 +306,13 @@ fn json_field(fields: &BTreeMap<String, String>, key: &str, node_id: &str) -> Re
     }
 }
 
+/// A node's payload with its reserved fields read: (payload,
+/// `reference_meta`, `reference_payload`).
+type ReadPayload = (Payload, Map<String, Value>, Map<String, Value>);
+
 /// A node's payload with its reserved fields read, or why the reference
 /// schema cannot carry it back as it is (naming the node).
-fn exportable_payload(
-    bank: &Bank,
-    index: u32,
-    node_id: &str,
-) -> Result<(Payload, Map<String, Value>, Map<String, Value>), InteropError> {
+fn exportable_payload(bank: &Bank, index: u32, node_id: &str) -> Result<ReadPayload, InteropError> {
     let payload = bank.payload(index)?;
     let ref_meta = json_field(&payload.fields, REFERENCE_META_FIELD, node_id)?;
     let ref_payload = json_field(&payload.fields, REFERENCE_PAYLOAD_FIELD, node_id)?;
