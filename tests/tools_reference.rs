@@ -518,8 +518,10 @@ fn import_doc(doc: &str) -> Run {
     run
 }
 
+/// A node without `children_ids` (optional: when given, they must agree
+/// with the `parent_id`s).
 fn node(id: &str, parent: Option<&str>, emb: [f32; 4]) -> Value {
-    json!({"node_id": id, "parent_id": parent, "children_ids": [], "meta": {"result_status": "SUCCESS"},
+    json!({"node_id": id, "parent_id": parent, "meta": {"result_status": "SUCCESS"},
            "index": {"embedding": emb}, "payload": {"scenario_description": format!("scenario {id}")}})
 }
 
@@ -527,6 +529,13 @@ fn node(id: &str, parent: Option<&str>, emb: [f32; 4]) -> Value {
 fn broken_files_are_refused_with_file_and_node_named() {
     let run = import_doc("{\n  \"nodes\": [\n    {oops\n");
     assert!(run.stderr.contains("line 3"), "{}", run.stderr);
+    // A key given twice: JSON parsers keep the last, and a second
+    // "nodes": [] imported nothing, exit 0.
+    let whole = json!({"nodes": [node("x", None, [1.0, 0.0, 0.0, 0.0])]}).to_string();
+    let run = import_doc(&format!("{}, \"nodes\": []}}", whole.trim_end_matches('}')));
+    assert!(run.stderr.contains("\"nodes\" is given twice"), "{}", run.stderr);
+    let run = import_doc(&whole.replace("\"embedding\":[", "\"embedding\":[0,1,0,0],\"embedding\":["));
+    assert!(run.stderr.contains("\"embedding\" is given twice"), "{}", run.stderr);
     let e = [1.0, 0.0, 0.0, 0.0];
     let cases: Vec<(Value, &str, &str)> = vec![
         (
@@ -562,6 +571,34 @@ fn broken_files_are_refused_with_file_and_node_named() {
             "0123456789abcdefXYZ",
             // The bank's own rule, run on the whole file before writing.
             "bad external id",
+        ),
+        // Keys the import would drop, and a file that contradicts itself.
+        (
+            json!({"nodes": [node("x", None, e)]}).tap(|d| d["nodes"][0]["extra"] = json!(1)),
+            "x",
+            "unknown key \"extra\"",
+        ),
+        (
+            json!({"nodes": [node("x", None, e)]}).tap(|d| d["nodes"][0]["index"]["model"] = json!("m")),
+            "x",
+            "unknown key \"index.model\"",
+        ),
+        (
+            json!({"nodes": [node("x", None, e)], "version": 2}),
+            "version",
+            "unknown top-level key",
+        ),
+        (
+            json!({"nodes": [node("x", None, e), node("y", Some("x"), e)]})
+                .tap(|d| d["nodes"][0]["children_ids"] = json!([])),
+            "\"y\"",
+            "leaves it out",
+        ),
+        (
+            json!({"nodes": [node("x", None, e), node("y", None, e)]})
+                .tap(|d| d["nodes"][0]["children_ids"] = json!(["y"])),
+            "\"y\"",
+            "whose parent_id is not this node",
         ),
     ];
     for (doc, id, why) in cases {
@@ -724,4 +761,41 @@ fn fields_the_reference_schema_cannot_keep_are_refused_by_name() {
             }
         }
     }
+}
+
+/// A payload key named like a reserved field, which an import keeps in
+/// `reference_payload` (the fields themselves are the engine's), exports
+/// and imports back as it was: the check that refuses what an insert put
+/// in the reserved fields refused it.
+#[test]
+fn a_payload_key_named_like_a_reserved_field_round_trips() {
+    let (dir, bank) = bank(4, &[]);
+    let mut doc = json!({"nodes": [node("x", None, [1.0, 0.0, 0.0, 0.0])]});
+    doc["nodes"][0]["payload"]["reference_payload"] = json!({"a": 1});
+    doc["nodes"][0]["payload"]["reference_meta"] = json!("kept");
+    doc["nodes"][0]["meta"]["episode_idx"] = json!(3);
+    let file = dir.path().join("in.json");
+    std::fs::write(&file, doc.to_string()).unwrap();
+    ok(&["import", s(&bank), "--tree", "task", "--reference-json", s(&file)]);
+    let out = dir.path().join("out.json");
+    ok(&[
+        "export",
+        s(&bank),
+        "--tree",
+        "task",
+        "--format",
+        "reference-json",
+        "--out",
+        s(&out),
+    ]);
+    let back: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let x = back["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node_id"] == "x")
+        .unwrap();
+    assert_eq!(x["payload"]["reference_payload"], json!({"a": 1}));
+    assert_eq!(x["payload"]["reference_meta"], json!("kept"));
+    assert_eq!(x["meta"]["episode_idx"], json!(3));
 }

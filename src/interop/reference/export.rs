@@ -269,7 +269,12 @@ fn reserved_field_problem(
     kept: &Map<String, Value>,
     kept_meta: &Map<String, Value>,
 ) -> Option<String> {
-    if let Some(key) = kept.keys().find(|k| fields.contains_key(*k) || *k == PAYLOAD_KEYS[0]) {
+    // An import keeps a payload key named like a reserved field in
+    // `reference_payload` (the reserved fields themselves are not written
+    // as fields), so only the others can collide.
+    let internal = [REFERENCE_META_FIELD, REFERENCE_PAYLOAD_FIELD];
+    let collides = |k: &String| (fields.contains_key(k) && !internal.contains(&k.as_str())) || k == PAYLOAD_KEYS[0];
+    if let Some(key) = kept.keys().find(|k| collides(k)) {
         return Some(format!(
             "payload field {REFERENCE_PAYLOAD_FIELD} holds key {key:?}, which the node's payload has already: \
              the file cannot hold both"
@@ -383,32 +388,26 @@ fn seconds(unix_ms: u64) -> PyValue {
 }
 
 /// The meta object: bank columns, with what `reference_meta` kept from the
-/// imported file taking precedence where the bank has no column for it.
+/// imported file where the bank has no column for it (the keys it may
+/// hold: `reserved_field_problem`).
 fn meta_value(row: &Row, kept: &Map<String, Value>) -> PyValue {
     let kept_or = |key: &str, fallback: PyValue| kept.get(key).map_or(fallback, PyValue::from);
-    let kept_flag = |key: &str| kept.get(key).and_then(Value::as_bool).unwrap_or(false);
     let mut meta = vec![
         (
             "node_type".to_string(),
             kept_or("node_type", PyValue::str(row.node_type.as_str())),
         ),
         ("result_status".into(), PyValue::str(row.label.as_str())),
-        ("created_at".into(), kept_or("created_at", seconds(row.created_unix_ms))),
+        ("created_at".into(), seconds(row.created_unix_ms)),
         (
             "usage_count".into(),
             kept_or("usage_count", PyValue::UInt(u64::from(row.retrievals))),
         ),
         ("hit_count".into(), PyValue::UInt(u64::from(row.retrievals))),
         ("success_count".into(), PyValue::UInt(u64::from(row.success_hits))),
-        (
-            "is_consolidated".into(),
-            PyValue::Bool(row.is_consolidated() || kept_flag("is_consolidated")),
-        ),
+        ("is_consolidated".into(), PyValue::Bool(row.is_consolidated())),
         ("episode_idx".into(), kept_or("episode_idx", PyValue::Null)),
-        (
-            "is_consolidated_root".into(),
-            PyValue::Bool(row.is_consolidated_root() || kept_flag("is_consolidated_root")),
-        ),
+        ("is_consolidated_root".into(), PyValue::Bool(row.is_consolidated_root())),
     ];
     for (key, v) in kept.iter().filter(|(k, _)| !META_KEYS.contains(&k.as_str())) {
         meta.push((key.clone(), PyValue::from(v)));

@@ -45,6 +45,7 @@
 
 mod export;
 mod import;
+mod keys;
 mod parse;
 
 pub use export::{ExportOptions, ExportReport, check_exportable, export_jsonl, export_tree, synthetic_uuid};

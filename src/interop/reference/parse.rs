@@ -7,6 +7,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
+use super::keys;
 use super::{LEGACY_PAYLOAD_KEYS, PAYLOAD_KEYS, PLACEHOLDER_MARKER, REFERENCE_META_FIELD, REFERENCE_PAYLOAD_FIELD};
 use crate::format::payload::Payload;
 use crate::format::row::{Label, NodeType};
@@ -71,16 +72,23 @@ pub fn read_reference(path: &Path) -> Result<ReferenceTree, InteropError> {
 
 /// Parses a reference document; `file` names it in messages.
 pub fn parse_reference(bytes: &[u8], file: &str) -> Result<ReferenceTree, InteropError> {
-    let doc: Value = serde_json::from_slice(bytes).map_err(|e| InteropError::Json {
+    let json_error = |e: serde_json::Error| InteropError::Json {
         file: file.to_string(),
         line: e.line(),
         column: e.column(),
         detail: e.to_string().split(" at line ").next().unwrap_or_default().to_string(),
-    })?;
+    };
+    let doc: Value = serde_json::from_slice(bytes).map_err(json_error)?;
+    keys::refuse_duplicate_keys(bytes).map_err(json_error)?;
     let ctx = Ctx { file };
     let top = doc
         .as_object()
         .ok_or_else(|| ctx.invalid("the document is not a JSON object"))?;
+    if let Some(key) = keys::unknown_key(top, &keys::TOP_KEYS) {
+        return Err(ctx.invalid(format!(
+            "unknown top-level key {key:?} (a reference file holds \"meta\" and \"nodes\")"
+        )));
+    }
     let raw_nodes = match top.get("nodes") {
         Some(Value::Array(items)) => items,
         _ => return Err(ctx.invalid("missing \"nodes\" array")),
@@ -166,6 +174,61 @@ impl Ctx<'_> {
         }
     }
 
+    /// Refuses a key a node does not hold (in the node or its `index`):
+    /// the import would drop it.
+    fn known_keys(&self, id: &str, obj: &Map<String, Value>) -> Result<(), InteropError> {
+        let index = obj.get("index").and_then(Value::as_object);
+        let unknown = keys::unknown_key(obj, &keys::NODE_KEYS)
+            .map(str::to_string)
+            .or_else(|| {
+                index
+                    .and_then(|i| keys::unknown_key(i, &keys::INDEX_KEYS))
+                    .map(|k| format!("index.{k}"))
+            });
+        match unknown {
+            Some(key) => Err(self.node_error(
+                id,
+                format!("unknown key {key:?} (a node holds {})", keys::NODE_KEYS.join(", ")),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses a node whose `children_ids` (when given) are not the nodes
+    /// that name it as their parent: the file contradicts itself, and the
+    /// import, which follows `parent_id`, would build another tree than
+    /// a reader of `children_ids` sees.
+    fn children_agree(&self, objs: &[(&str, &Map<String, Value>)]) -> Result<(), InteropError> {
+        let mut children: HashMap<&str, Vec<&str>> = HashMap::new();
+        for (id, obj) in objs {
+            if let Some(Value::String(parent)) = obj.get("parent_id") {
+                children.entry(parent.as_str()).or_default().push(id);
+            }
+        }
+        for (id, obj) in objs {
+            let listed = match obj.get("children_ids") {
+                None | Some(Value::Null) => continue,
+                Some(Value::Array(items)) => items.iter().map(Value::as_str).collect::<Option<Vec<&str>>>(),
+                Some(_) => None,
+            };
+            let mut listed = listed.ok_or_else(|| self.node_error(id, "\"children_ids\" must be a list of ids"))?;
+            let mut named = children.remove(id).unwrap_or_default();
+            listed.sort_unstable();
+            named.sort_unstable();
+            if listed != named {
+                let extra = listed.iter().find(|c| !named.contains(c));
+                let missing = named.iter().find(|c| !listed.contains(c));
+                let detail = match (extra, missing) {
+                    (Some(x), _) => format!("\"children_ids\" lists {x:?}, whose parent_id is not this node"),
+                    (None, Some(m)) => format!("node {m:?} names it as its parent, but \"children_ids\" leaves it out"),
+                    (None, None) => "\"children_ids\" lists a child twice".to_string(),
+                };
+                return Err(self.node_error(id, detail));
+            }
+        }
+        Ok(())
+    }
+
     /// Ids, parent links and placeholders of every node.
     fn skeleton<'v>(&self, raw: &'v [Value]) -> Result<Skeleton<'v>, InteropError> {
         let mut ids: HashMap<&str, usize> = HashMap::new();
@@ -181,8 +244,10 @@ impl Ctx<'_> {
             if let Some(first) = ids.insert(id, i) {
                 return Err(self.node_error(id, format!("appears twice (nodes[{first}] and nodes[{i}])")));
             }
+            self.known_keys(id, obj)?;
             objs.push((id, obj));
         }
+        self.children_agree(&objs)?;
         let is_placeholder = |obj: &Map<String, Value>| {
             matches!(obj.get("parent_id"), None | Some(Value::Null)) && scenario_of(obj).contains(PLACEHOLDER_MARKER)
         };
