@@ -403,6 +403,42 @@ async fn cap_sessions(
     next.run(request).await
 }
 
+/// The stop of `deltamem mcp`: a future that resolves at the first
+/// SIGTERM or SIGINT (and a flag set then). A second signal exits at once
+/// (status 128 + 15), as the first would have without a handler: a
+/// client that signals twice wants the process gone even if a request is
+/// still waiting, e.g. for the writer lock.
+fn stop_on_signals() -> Result<(impl Future<Output = ()> + use<>, Arc<std::sync::atomic::AtomicBool>), super::ServeError>
+{
+    use tokio::signal::unix::{SignalKind, signal};
+    let cannot = |e: std::io::Error| super::ServeError::Config(format!("cannot handle SIGTERM/SIGINT: {e}"));
+    let mut term = signal(SignalKind::terminate()).map_err(cannot)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(cannot)?;
+    let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (first, first_seen) = tokio::sync::oneshot::channel::<()>();
+    let flag = stopped.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = first.send(());
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+        eprintln!("deltamem mcp: a second signal: exiting at once");
+        std::process::exit(128 + 15);
+    });
+    Ok((
+        async move {
+            let _ = first_seen.await;
+        },
+        stopped,
+    ))
+}
+
 /// `deltamem mcp BANK`: the tools over stdin/stdout until stdin closes
 /// or a SIGTERM or SIGINT comes.
 pub fn serve_stdio(path: &Path, lock_wait: Duration) -> Result<(), super::ServeError> {
@@ -416,14 +452,16 @@ pub fn serve_stdio(path: &Path, lock_wait: Duration) -> Result<(), super::ServeE
         let limits = super::stdio::LineLimits::default();
         // SIGTERM or SIGINT ends the input as a closed stdin does: the
         // requests already read are served and answered, then it exits 0.
-        let stop = super::shutdown_signal()?;
+        let (stop, stopped) = stop_on_signals()?;
         let (read, write, answers) = super::stdio::guarded_stdio(limits, stop);
         // The pump refuses longer lines itself, with an answer.
         let transport = AsyncRwTransport::new_server(read, write).with_max_line_length(limits.max_bytes + 1);
-        let service = MemoryTools::new(memory)
-            .serve(transport)
-            .await
-            .map_err(|e| super::ServeError::Config(format!("MCP handshake failed: {e}")))?;
+        let service = match MemoryTools::new(memory).serve(transport).await {
+            Ok(service) => service,
+            // Stopped before a client finished the handshake: a stop.
+            Err(_) if stopped.load(std::sync::atomic::Ordering::SeqCst) => return Ok(()),
+            Err(e) => return Err(super::ServeError::Config(format!("MCP handshake failed: {e}"))),
+        };
         service
             .waiting()
             .await

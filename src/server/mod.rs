@@ -178,7 +178,7 @@ const SHUTDOWN_DRAIN: Duration = Duration::from_secs(600);
 /// Resolves on SIGTERM or SIGINT. The handlers are installed when this
 /// is called (before the server announces itself), not when first polled,
 /// so a signal sent right after the announcement is not fatal.
-pub(super) fn shutdown_signal() -> Result<impl std::future::Future<Output = ()> + use<>, ServeError> {
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, ServeError> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).map_err(io("cannot handle SIGTERM"))?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(io("cannot handle SIGINT"))?;

@@ -79,8 +79,10 @@ pub(super) fn guarded_stdio(
 /// Reads request lines from `input` until it ends or `stop` resolves: a
 /// line within `limits` goes to rmcp, any other is answered on `out` with
 /// an error. Returning drops `to_rmcp`, which rmcp reads as the input's
-/// end: it serves what it was given and closes. `stop` is looked at only
-/// between lines, so no line reaches rmcp cut off.
+/// end: it serves what it was given and closes. Once `stop` has resolved,
+/// the whole lines already read into the buffer are still taken (they
+/// were read), and nothing more is read; a line cut off by the stop is
+/// dropped, never sent to rmcp in part.
 async fn pump_requests<R, W, O>(
     input: R,
     mut to_rmcp: W,
@@ -96,17 +98,29 @@ where
     let mut input = BufReader::with_capacity(64 << 10, input);
     let mut line = Vec::new();
     let mut stop = std::pin::pin!(stop);
+    let mut stopping = false;
     loop {
         if line.capacity() > KEPT_LINE_BYTES {
             line = Vec::new(); // a 64 MiB line does not pin 64 MiB for good
         }
         line.clear();
-        let read = tokio::select! {
-            read = read_line(&mut input, &mut line, limits.max_bytes) => read?,
-            () = &mut stop => {
-                eprintln!("deltamem mcp: stopping: the requests read so far are served, no more are read");
-                return Ok(());
-            }
+        if stopping && !input.buffer().contains(&b'\n') {
+            return Ok(());
+        }
+        // While stopping, a whole line is in the buffer: no read waits.
+        let read = match stopping {
+            true => read_line(&mut input, &mut line, limits.max_bytes).await?,
+            false => tokio::select! {
+                biased;
+                read = read_line(&mut input, &mut line, limits.max_bytes) => read?,
+                () = &mut stop => {
+                    eprintln!("deltamem mcp: stopping: the requests read so far are served, no more are read");
+                    stopping = true;
+                    // A pending read had emptied the buffer: what it took
+                    // of its line is not a whole request.
+                    continue;
+                }
+            },
         };
         let Some(line_bytes) = read else {
             return Ok(());
@@ -376,6 +390,41 @@ mod tests {
             let answers = answered.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
             (forwarded, answers)
         })
+    }
+
+    /// Stopped while whole lines wait in the buffer and the client keeps
+    /// its end open: every whole line is forwarded (it was read), the cut
+    /// one is not, and the pump returns without waiting for more input.
+    #[test]
+    fn a_stop_serves_the_whole_lines_already_read_and_no_more() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (mut client, server_end) = tokio::io::duplex(1 << 20);
+            let good = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+            let lines: String = (0..50).map(|_| format!("{good}\n")).collect();
+            client
+                .write_all(format!("{lines}{{\"jsonrpc\":\"2.0\",\"id\":9").as_bytes())
+                .await
+                .unwrap();
+            let (mut rmcp_read, to_rmcp) = tokio::io::duplex(1 << 20);
+            let out = Arc::new(Mutex::new(Vec::new()));
+            let limits = LineLimits::default();
+            let pumped = pump_requests(server_end, to_rmcp, out.clone(), limits, std::future::ready(()));
+            tokio::time::timeout(std::time::Duration::from_secs(10), pumped)
+                .await
+                .expect("the pump waited for more input after the stop")
+                .unwrap();
+            let mut forwarded = String::new();
+            tokio::io::AsyncReadExt::read_to_string(&mut rmcp_read, &mut forwarded)
+                .await
+                .unwrap();
+            assert_eq!(forwarded, lines);
+            assert!(out.lock().await.is_empty());
+            drop(client);
+        });
     }
 
     const SMALL: LineLimits = LineLimits {

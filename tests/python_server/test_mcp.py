@@ -195,6 +195,26 @@ def test_tools_over_stdio():
         asyncio.run(run())
 
 
+INITIALIZE = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+              "params": {"protocolVersion": "2025-03-26", "capabilities": {},
+                         "clientInfo": {"name": "raw", "version": "0"}}}
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
+def raw_stdio(bank):
+    """A `deltamem mcp BANK` spoken to a line at a time, without the SDK's
+    client (which neither sends malformed lines nor signals): the process
+    and a function that sends it one message."""
+    proc = subprocess.Popen([BIN, "mcp", bank], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=ROOT)
+
+    def send(message):
+        proc.stdin.write(json.dumps(message).encode() + b"\n")
+        proc.stdin.flush()
+
+    return proc, send
+
+
 def test_stdio_answers_every_request_line_it_refuses():
     """A line nested too deep or too long for the stdio transport is answered
     with a JSON-RPC error carrying its id (rmcp alone dropped both without a
@@ -202,12 +222,8 @@ def test_stdio_answers_every_request_line_it_refuses():
     limit but within deltamem's is served."""
     with tempfile.TemporaryDirectory() as root:
         bank = init_bank(root)
-        proc = subprocess.Popen([BIN, "mcp", bank], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd=ROOT)
+        proc, send = raw_stdio(bank)
         try:
-            def send(message):
-                proc.stdin.write(json.dumps(message).encode() + b"\n")
-                proc.stdin.flush()
 
             lines = queue.Queue()
             threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
@@ -224,11 +240,9 @@ def test_stdio_answers_every_request_line_it_refuses():
                       "params": {"name": "store_node", "arguments": arguments}})
                 return answer()
 
-            send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
-                  "params": {"protocolVersion": "2025-03-26", "capabilities": {},
-                             "clientInfo": {"name": "raw", "version": "0"}}})
+            send(INITIALIZE)
             assert answer()["id"] == 0
-            send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            send(INITIALIZED)
             deep = "x"
             for _ in range(40):
                 deep = {"a": deep}
@@ -253,18 +267,12 @@ def test_stdio_stops_on_sigterm_after_serving_what_it_read():
     answer, and exits 0. Before, it died by the signal mid-write."""
     with tempfile.TemporaryDirectory() as root:
         bank = init_bank(root)
-        proc = subprocess.Popen([BIN, "mcp", bank], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd=ROOT)
+        proc, send = raw_stdio(bank)
         try:
-            def send(message):
-                proc.stdin.write(json.dumps(message).encode() + b"\n")
-                proc.stdin.flush()
 
-            send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
-                  "params": {"protocolVersion": "2025-03-26", "capabilities": {},
-                             "clientInfo": {"name": "raw", "version": "0"}}})
+            send(INITIALIZE)
             assert json.loads(proc.stdout.readline())["id"] == 0
-            send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            send(INITIALIZED)
             for i in range(1, 201):
                 send({"jsonrpc": "2.0", "id": i, "method": "tools/call",
                       "params": {"name": "store_node", "arguments": node("s%d" % i, vec(i))}})
