@@ -744,3 +744,49 @@ fn stores_made_before_stdout_failed_are_reported() {
         "{stored}: {stderr}"
     );
 }
+
+/// A signal the import was started ignoring (`nohup`: SIGHUP) stays
+/// ignored although the import watches for signals to remove its copy:
+/// the import goes on and finishes its work.
+#[test]
+fn a_signal_ignored_at_start_stays_ignored() {
+    let (_dir, bank) = bank(4, &[]);
+    let mut bytes = npy_v1_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4), }");
+    let head_bytes = bytes.len() + 8;
+    for x in [1.0f32, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0] {
+        bytes.extend_from_slice(&x.to_le_bytes());
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new("bash")
+        .args([
+            "-c",
+            "trap '' HUP; exec \"$0\" import \"$1\" --tree task --npy /dev/stdin",
+            env!("CARGO_BIN_EXE_deltamem"),
+            s(&bank),
+        ])
+        .env("TMPDIR", scratch.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    std::io::Write::write_all(&mut input, &bytes[..head_bytes]).unwrap();
+    // Bounded: the copy appears within 30 s, or the test fails.
+    let copying = (0..3000).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        std::fs::read_dir(scratch.path()).unwrap().next().is_some()
+    });
+    assert!(copying, "no temporary copy was made");
+    let sent = std::process::Command::new("kill")
+        .args(["-s", "HUP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    std::io::Write::write_all(&mut input, &bytes[head_bytes..]).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(ok(&["stats", s(&bank), "--json"]).json()["nodes"], 2);
+}

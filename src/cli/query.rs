@@ -35,7 +35,13 @@ pub fn run(path: &Path, k: usize, include_consolidated: bool) -> anyhow::Result<
     let mut out = super::stdout();
     let events = input::spawn_stdin_reader();
     let mut rejected = 0u64;
-    while let Some(lines) = waiting_lines(&events, bank.pass_queries().max(1))? {
+    let mut read_failed = None;
+    while read_failed.is_none() {
+        let (lines, failed) = waiting_lines(&events, bank.pass_queries().max(1));
+        read_failed = failed;
+        if lines.is_empty() {
+            break;
+        }
         let asked: Vec<Asked> = lines.into_iter().map(read_query).collect();
         // One output line per input line, in input order, an answer or a
         // `LineError`, so answers line up with their queries.
@@ -53,25 +59,30 @@ pub fn run(path: &Path, k: usize, include_consolidated: bool) -> anyhow::Result<
         // next query (a co-process), so do not sit on them.
         std::io::Write::flush(&mut out).context("cannot write to stdout")?;
     }
+    // The lines before a failed read are answered first.
+    if let Some(e) = read_failed {
+        return Err(e).context("cannot read stdin");
+    }
     Ok(if rejected > 0 { Status::Failed } else { Status::Ok })
 }
 
 /// The next line (waiting for it), and up to `most - 1` more that have
-/// already arrived; None at the end of the input.
-fn waiting_lines(events: &Receiver<Event>, most: usize) -> anyhow::Result<Option<Vec<Line>>> {
+/// already arrived (none at the end of the input), and the read error
+/// that came after them, if one did.
+fn waiting_lines(events: &Receiver<Event>, most: usize) -> (Vec<Line>, Option<std::io::Error>) {
     let mut lines = Vec::new();
     let mut next = events.recv().ok();
     while let Some(event) = next {
         match event {
             Event::Line(line) => lines.push(line),
-            Event::ReadFailed(e) => return Err(e).context("cannot read stdin"),
+            Event::ReadFailed(e) => return (lines, Some(e)),
         }
         next = match lines.len() < most {
             true => events.try_recv().ok(),
             false => None,
         };
     }
-    Ok((!lines.is_empty()).then_some(lines))
+    (lines, None)
 }
 
 fn read_query(line: Line) -> Asked {

@@ -16,8 +16,9 @@ static LIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 static WATCHER: OnceLock<Result<(), String>> = OnceLock::new();
 
 /// Has `path` removed if SIGINT, SIGTERM or SIGHUP comes; the process then
-/// ends as the signal's default action ends it. (Its owner removes it in
-/// the normal course; removing a path already gone does nothing.)
+/// ends as the signal's default action ends it. A signal the process was
+/// started ignoring is left alone. (Its owner removes the path in the
+/// normal course; removing a path already gone does nothing.)
 pub fn remove_on_signal(path: &Path) -> anyhow::Result<()> {
     WATCHER
         .get_or_init(|| start_watcher().map_err(|e| e.to_string()))
@@ -28,7 +29,10 @@ pub fn remove_on_signal(path: &Path) -> anyhow::Result<()> {
 }
 
 fn start_watcher() -> std::io::Result<()> {
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
+    // A signal the process was started ignoring (`nohup`, a background
+    // job of a script) stays ignored: watching it would make it fatal.
+    let watched: Vec<i32> = [SIGINT, SIGTERM, SIGHUP].into_iter().filter(|&s| !ignored(s)).collect();
+    let mut signals = signal_hook::iterator::Signals::new(watched)?;
     std::thread::Builder::new()
         .name("deltamem-signals".into())
         .spawn(move || {
@@ -38,12 +42,25 @@ fn start_watcher() -> std::io::Result<()> {
             for path in LIVE.lock().unwrap_or_else(|p| p.into_inner()).iter() {
                 let _ = std::fs::remove_file(path);
             }
-            // Ends the process as if no handler had been installed; the
-            // exit is for a signal whose default does not end it.
+            // Ends the process as if no handler had been installed (the
+            // exit only if that could not be done).
             let _ = signal_hook::low_level::emulate_default_handler(signal);
             std::process::exit(128 + signal);
         })?;
     Ok(())
+}
+
+/// Whether `signal` is ignored (SIG_IGN), as a process may be started.
+fn ignored(signal: i32) -> bool {
+    // SAFETY: an all-zero `sigaction` is a valid value of this plain C
+    // struct, and sigaction(2) with a null new action only writes the
+    // current disposition into `old`, which lives for the call.
+    let (rc, old) = unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        let rc = libc::sigaction(signal, std::ptr::null(), &mut old);
+        (rc, old)
+    };
+    rc == 0 && old.sa_sigaction == libc::SIG_IGN
 }
 
 /// `interop::write_atomically`, with its temporary sibling removed on a

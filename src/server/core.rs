@@ -627,10 +627,12 @@ pub(super) fn apply(bank: &mut Bank, op: WriteOp) -> ApiResult<WriteDone> {
         WriteOp::Consolidate(node, fields) => {
             let index = bank.resolve(&node).map_err(|e| ApiError::from_bank(e, "id"))?;
             // Refusals are about the node named (already consolidated, a
-            // root); an oversized payload names itself (`field_of`).
-            let ack = bank
-                .consolidate(index, fields)
-                .map_err(|e| ApiError::from_bank(e, "id"))?;
+            // root), but an oversized result is the payload's: the request
+            // holds no scenario (the node's own is kept), however large.
+            let ack = bank.consolidate(index, fields).map_err(|e| match e {
+                BankError::PayloadTooLarge { .. } => ApiError::bad_field("payload", e.to_string()),
+                e => ApiError::from_bank(e, "id"),
+            })?;
             Ok(WriteDone::Consolidated(ack.into()))
         }
         #[cfg(feature = "agent")]
