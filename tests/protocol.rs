@@ -185,7 +185,13 @@ fn query_ranges_are_inits() {
 
 /// A reference file of two nodes, the second with `meta_patch` applied.
 fn reference_file(dir: &Path, second: Value) -> std::path::PathBuf {
-    let first = json!({"node_id": "x", "parent_id": null, "children_ids": [],
+    // The file agrees with itself: x lists its child, if y is one.
+    let children = if second["parent_id"] == "x" {
+        json!(["y"])
+    } else {
+        json!([])
+    };
+    let first = json!({"node_id": "x", "parent_id": null, "children_ids": children,
         "meta": {"result_status": "SUCCESS"}, "index": {"embedding": [1.0, 0.0, 0.0, 0.0]},
         "payload": {"scenario_description": "first"}});
     let path = dir.join("ref.json");
