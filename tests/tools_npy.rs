@@ -667,7 +667,11 @@ fn a_signal_during_an_import_from_a_pipe_leaves_no_copy_behind() {
     head.extend_from_slice(&[0x3e; 64]);
     for (name, signal) in [("INT", 2), ("TERM", 15), ("HUP", 1)] {
         let scratch = tempfile::tempdir().unwrap();
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_deltamem"))
+        // With the signals at their defaults whatever this test inherited
+        // (a background job or nohup starts with SIGINT or SIGHUP ignored,
+        // and an ignored signal rightly stays ignored).
+        let mut child = std::process::Command::new("env")
+            .args(["--default-signal=INT,TERM,HUP", env!("CARGO_BIN_EXE_deltamem")])
             .args(["import", s(&bank), "--tree", "task", "--npy", "/dev/stdin"])
             .env("TMPDIR", scratch.path())
             .stdin(std::process::Stdio::piped())
@@ -689,8 +693,14 @@ fn a_signal_during_an_import_from_a_pipe_leaves_no_copy_behind() {
             .status()
             .unwrap();
         assert!(sent.success());
-        let status = child.wait().unwrap();
+        // Bounded: the child ends within 30 s, or the test fails.
+        let status = (0..3000).find_map(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            child.try_wait().unwrap()
+        });
         drop(input);
+        let _ = child.kill();
+        let status = status.unwrap_or_else(|| panic!("signal {signal}: the import did not end"));
         assert_eq!(
             std::os::unix::process::ExitStatusExt::signal(&status),
             Some(signal),
