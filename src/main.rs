@@ -173,6 +173,17 @@ enum Command {
         /// condition, or the scenario).
         #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u16).range(4..))]
         max_label: u16,
+        /// Draw only the subtree under this node (index, or external id).
+        #[arg(long, value_name = "ID")]
+        root: Option<cli::NodeArg>,
+        /// Draw only the top N levels (1: the roots, or --root's node,
+        /// alone); a node whose children are cut off says how many.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        depth: Option<u32>,
+        /// Refuse, writing nothing, a drawing of more nodes than this.
+        #[arg(long, value_name = "N", default_value_t = cli::draw_scope::DEFAULT_MAX_NODES,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        max_nodes: u32,
     },
     /// Embed a text with the configured ONNX model (feature `agent`).
     Embed(cli::agent::EmbedArgs),
@@ -277,9 +288,17 @@ fn run(cli: Cli) -> anyhow::Result<Status> {
             format,
             out,
             max_label,
+            root,
+            depth,
+            max_nodes,
         } => {
             cli::refuse_output_in_bank(&bank, out.as_deref())?;
-            cli::picture::run_draw(&bank, &tree, format, out.as_deref(), usize::from(max_label))
+            let scope = cli::draw_scope::Scope {
+                root: root.as_ref(),
+                levels: depth,
+                max_nodes,
+            };
+            cli::picture::run_draw(&bank, &tree, &scope, format, out.as_deref(), usize::from(max_label))
         }
         Command::Embed(args) => cli::agent::embed(&args),
         Command::Retrieve(args) => cli::agent::retrieve(&args),

@@ -315,6 +315,131 @@ fn svg_drawing_of_a_real_tree_has_one_element_per_node() {
     }
 }
 
+/// The ids a text drawing shows, and the "+K not drawn" it gives each.
+fn text_ids(text: &str) -> BTreeMap<u64, usize> {
+    text.lines()
+        .skip(1)
+        .map(|line| {
+            let at = line.find('#').expect("a node line has #id");
+            let id: u64 = line[at + 1..].split(' ').next().unwrap().parse().unwrap();
+            let hidden = line
+                .rsplit_once("[+")
+                .map_or(0, |(_, rest)| rest.split(' ').next().unwrap().parse().unwrap());
+            (id, hidden)
+        })
+        .collect()
+}
+
+/// `draw --root`, `--depth` and `--max-nodes` against a model of the tree
+/// built from `dump`'s parent links: the subtree and the top levels hold
+/// exactly the model's nodes, a cut node counts its children, and a
+/// drawing over the budget is refused with nothing written.
+#[test]
+fn a_drawing_can_be_narrowed_and_is_refused_over_its_budget() {
+    let (dir, bank) = bank(768, &[]);
+    let fixture = reference_fixture("sciworld_qwen3-8b_dev_task.json");
+    ok(&["import", s(&bank), "--tree", "task", "--reference-json", s(&fixture)]);
+    let nodes = dump(&bank, &["--tree", "task"]);
+    let mut kids: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for n in &nodes {
+        if let Some(p) = n["parent"].as_u64() {
+            kids.entry(p).or_default().push(n["id"].as_u64().unwrap());
+        }
+    }
+    let under = |top: u64| {
+        let (mut all, mut todo) = (BTreeSet::new(), vec![top]);
+        while let Some(n) = todo.pop() {
+            all.insert(n);
+            todo.extend(kids.get(&n).into_iter().flatten());
+        }
+        all
+    };
+    // The root with the most descendants, and a residual with children.
+    let root = nodes
+        .iter()
+        .filter(|n| n["parent"].is_null())
+        .map(|n| n["id"].as_u64().unwrap())
+        .max_by_key(|&r| under(r).len())
+        .unwrap();
+    let inner = *kids[&root]
+        .iter()
+        .find(|k| kids.contains_key(k))
+        .expect("a residual with children");
+    assert!(under(root).len() > 2 && under(inner).len() >= 2 && under(inner).len() < under(root).len());
+
+    let out = dir.path().join("sub.svg");
+    let id = inner.to_string();
+    ok(&[
+        "draw",
+        s(&bank),
+        "--tree",
+        "task",
+        "--root",
+        &id,
+        "--format",
+        "svg",
+        "--out",
+        s(&out),
+    ]);
+    let drawn: BTreeSet<u64> = svg_nodes(&std::fs::read_to_string(&out).unwrap())
+        .into_iter()
+        .map(|n| n.0)
+        .collect();
+    assert_eq!(drawn, under(inner), "the SVG holds the subtree, nothing else");
+
+    let text = ok(&["draw", s(&bank), "--tree", "task", "--depth", "2"]).stdout;
+    let want: BTreeMap<u64, usize> = nodes
+        .iter()
+        .filter(|n| n["depth"].as_u64().unwrap() <= 2)
+        .map(|n| {
+            let id = n["id"].as_u64().unwrap();
+            let cut = if n["depth"] == 2 {
+                kids.get(&id).map_or(0, Vec::len)
+            } else {
+                0
+            };
+            (id, cut)
+        })
+        .collect();
+    assert_eq!(text_ids(&text), want, "{text}");
+    let text = ok(&["draw", s(&bank), "--tree", "task", "--root", &id, "--depth", "1"]).stdout;
+    assert_eq!(text_ids(&text), BTreeMap::from([(inner, kids[&inner].len())]), "{text}");
+
+    let whole = nodes.len().to_string();
+    let fewer = (nodes.len() - 1).to_string();
+    let refused_out = dir.path().join("refused.svg");
+    let run = deltamem(
+        &[
+            "draw",
+            s(&bank),
+            "--tree",
+            "task",
+            "--format",
+            "svg",
+            "--max-nodes",
+            &fewer,
+            "--out",
+            s(&refused_out),
+        ],
+        "",
+    );
+    assert_ne!(run.code, 0);
+    assert!(
+        run.stderr.contains(&format!("would hold {whole} nodes")) && run.stderr.contains("--root"),
+        "{}",
+        run.stderr
+    );
+    assert!(!refused_out.exists(), "a refused drawing writes nothing");
+    let text = ok(&["draw", s(&bank), "--tree", "task", "--max-nodes", &whole]).stdout;
+    assert_eq!(text_ids(&text).len(), nodes.len());
+    let wrong_tree = deltamem(&["draw", s(&bank), "--tree", "env", "--root", &id], "");
+    assert!(
+        wrong_tree.code != 0 && wrong_tree.stderr.contains("not in tree env"),
+        "{}",
+        wrong_tree.stderr
+    );
+}
+
 #[test]
 fn pictures_escape_text_and_mark_failures_and_consolidation() {
     let (dir, bank, _) = shaped_bank();

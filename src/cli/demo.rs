@@ -371,7 +371,8 @@ fn show_state(bank: &Bank, path: &Path, quiet: bool) -> anyhow::Result<Status> {
     if !quiet {
         for tree in ["task", "env"] {
             emit("")?;
-            emit(draw::draw_tree(bank, tree)?.trim_end())?;
+            let selection = super::draw_scope::whole_tree(bank, tree)?;
+            emit(draw::draw_tree(bank, &selection)?.trim_end())?;
         }
         emit("")?;
     }

@@ -349,8 +349,9 @@ fn show_trees(bank: &Bank) -> anyhow::Result<()> {
     let dir = picture_dir()?;
     for tree in ["task", "env"] {
         emit("")?;
-        emit(draw::draw_tree(bank, tree)?.trim_end())?;
-        let svg = tree_svg(&TreePicture::load(bank, tree, SVG_LABEL_CHARS)?, SVG_LABEL_CHARS);
+        let selection = super::draw_scope::whole_tree(bank, tree)?;
+        emit(draw::draw_tree(bank, &selection)?.trim_end())?;
+        let svg = tree_svg(&TreePicture::load(bank, selection, SVG_LABEL_CHARS)?, SVG_LABEL_CHARS);
         let file = dir.join(format!("{tree}.svg"));
         std::fs::write(&file, svg).with_context(|| format!("cannot write {}", file.display()))?;
         emit(format!("(tree {tree} drawn as SVG: {})", file.display()))?;

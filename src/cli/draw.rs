@@ -1,10 +1,11 @@
 //! Draws one tree of a bank as indented text with box-drawing branches.
 
-use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use deltamem::format::row::Row;
 use deltamem::{Bank, BankError};
+
+use super::draw_scope::Selection;
 
 /// Scenario text longer than this is cut, to keep one node per line.
 const SCENARIO_MAX_CHARS: usize = 44;
@@ -36,21 +37,22 @@ fn node_line(bank: &Bank, row: &Row) -> Result<String, BankError> {
 
 struct Drawing<'a> {
     bank: &'a Bank,
-    rows: BTreeMap<u32, Row>,
-    children: BTreeMap<u32, Vec<u32>>,
+    selection: &'a Selection,
     out: String,
 }
 
 impl Drawing<'_> {
     fn draw(&mut self, index: u32, prefix: &str, last: bool) -> Result<(), BankError> {
-        let Some(row) = self.rows.get(&index) else {
-            return Ok(());
-        };
-        let line = node_line(self.bank, row)?;
+        let row = self.bank.row(index)?;
+        let mut line = node_line(self.bank, &row)?;
+        if let Some(hidden) = self.selection.hidden.get(&index) {
+            let _ = write!(line, "  [+{hidden} not drawn]");
+        }
         let branch = if last { "└─ " } else { "├─ " };
         let _ = writeln!(self.out, "{prefix}{branch}{line}");
         let below = format!("{prefix}{}", if last { "   " } else { "│  " });
-        let kids = self.children.get(&index).cloned().unwrap_or_default();
+        let selection = self.selection;
+        let kids = selection.kids(index);
         for (i, kid) in kids.iter().enumerate() {
             self.draw(*kid, &below, i + 1 == kids.len())?;
         }
@@ -58,33 +60,21 @@ impl Drawing<'_> {
     }
 }
 
-/// The tree `tree_name` as text: its name (the virtual root), then every
-/// top-level root with its descendants, oldest first.
-pub fn draw_tree(bank: &Bank, tree_name: &str) -> Result<String, BankError> {
-    let tree = bank.tree_index(tree_name)?;
+/// The selected part of a tree as text: what it starts from (the tree's
+/// name, the virtual root), then every start with its drawn descendants,
+/// oldest first. A node whose children are not drawn (`--depth`) says how
+/// many it has.
+pub fn draw_tree(bank: &Bank, selection: &Selection) -> Result<String, BankError> {
     let mut drawing = Drawing {
         bank,
-        rows: BTreeMap::new(),
-        children: BTreeMap::new(),
-        out: format!("{tree_name}\n"),
+        selection,
+        out: format!("{}\n", selection.start_caption),
     };
-    let mut roots = Vec::new();
-    for index in 0..bank.node_count() {
-        let row = bank.row(index)?;
-        if row.tree != tree {
-            continue;
-        }
-        match row.parent() {
-            Some(p) => drawing.children.entry(p).or_default().push(index),
-            None => roots.push(index),
-        }
-        drawing.rows.insert(index, row);
-    }
-    if roots.is_empty() {
+    if selection.starts.is_empty() {
         drawing.out.push_str("└─ (empty)\n");
     }
-    for (i, root) in roots.iter().enumerate() {
-        drawing.draw(*root, "", i + 1 == roots.len())?;
+    for (i, start) in selection.starts.iter().enumerate() {
+        drawing.draw(*start, "", i + 1 == selection.starts.len())?;
     }
     Ok(drawing.out)
 }

@@ -6,6 +6,7 @@ pub mod demo;
 #[cfg(feature = "agent")]
 pub mod demo_real;
 pub mod draw;
+pub mod draw_scope;
 pub mod embed;
 pub mod episodes;
 pub mod export;

@@ -14,16 +14,24 @@ use deltamem::bank::Stats;
 use deltamem::format::row::{Label, NodeType, Row};
 use deltamem::{Bank, BankError};
 
+use super::draw_scope::{Scope, Selection};
+
 /// One node as drawn.
 struct Drawn {
     row: Row,
+    /// 1 for the nodes the drawing starts from, 2 for their children, ...
+    level: u32,
+    /// Children not drawn (past `--depth`).
+    hidden: usize,
     label: String,
     /// Fuller text for tooltips.
     detail: String,
 }
 
-/// The nodes of one tree with their children, roots in index order.
+/// The selected nodes of one tree with their children, starts in index
+/// order.
 pub struct TreePicture {
+    /// What the drawing starts from: the tree, or a node's subtree.
     tree_name: String,
     nodes: BTreeMap<u32, Drawn>,
     children: BTreeMap<u32, Vec<u32>>,
@@ -78,37 +86,31 @@ pub fn dot_escape(text: &str) -> String {
 }
 
 impl TreePicture {
-    pub fn load(bank: &Bank, tree_name: &str, max_label_chars: usize) -> Result<TreePicture, BankError> {
-        let tree = bank.tree_index(tree_name)?;
-        let mut picture = TreePicture {
-            tree_name: tree_name.to_string(),
-            nodes: BTreeMap::new(),
-            children: BTreeMap::new(),
-            roots: Vec::new(),
-        };
-        for index in 0..bank.node_count() {
+    pub fn load(bank: &Bank, selection: Selection, max_label_chars: usize) -> Result<TreePicture, BankError> {
+        let mut nodes = BTreeMap::new();
+        for (&index, &level) in &selection.level {
             let row = bank.row(index)?;
-            if row.tree != tree {
-                continue;
-            }
             let payload = bank.payload(index)?;
             let text = payload
                 .fields
                 .get("activation_condition")
                 .filter(|a| !a.trim().is_empty())
                 .unwrap_or(&payload.scenario);
-            match row.parent() {
-                Some(p) => picture.children.entry(p).or_default().push(index),
-                None => picture.roots.push(index),
-            }
             let drawn = Drawn {
                 label: one_line(text, max_label_chars),
                 detail: one_line(text, 400),
+                level,
+                hidden: selection.hidden.get(&index).copied().unwrap_or(0),
                 row,
             };
-            picture.nodes.insert(index, drawn);
+            nodes.insert(index, drawn);
         }
-        Ok(picture)
+        Ok(TreePicture {
+            tree_name: selection.start_caption,
+            nodes,
+            children: selection.children,
+            roots: selection.starts,
+        })
     }
 
     fn kids(&self, index: u32) -> &[u32] {
@@ -116,10 +118,14 @@ impl TreePicture {
     }
 }
 
-fn caption(row: &Row) -> String {
+fn caption(d: &Drawn) -> String {
+    let row = &d.row;
     let mut text = format!("#{} {} d{}", row.index, row.node_type.as_str(), row.depth);
     if row.success_hits > 0 {
         let _ = write!(text, " hits {}", row.success_hits);
+    }
+    if d.hidden > 0 {
+        let _ = write!(text, " +{} not drawn", d.hidden);
     }
     text
 }
@@ -178,7 +184,7 @@ pub fn tree_dot(p: &TreePicture) -> String {
     let _ = writeln!(out, "  node [shape=box, fontname=\"Helvetica\", fontsize=10];");
     let _ = writeln!(out, "  r0 [label=\"{name}\", shape=ellipse, style=dashed];");
     for d in p.nodes.values() {
-        let label = format!("{}\n{}", caption(&d.row), d.label);
+        let label = format!("{}\n{}", caption(d), d.label);
         let _ = writeln!(
             out,
             "  n{} [label=\"{}\", tooltip=\"{}\", {}];",
@@ -273,11 +279,11 @@ pub fn tree_svg(p: &TreePicture, max_label_chars: usize) -> String {
         place(p, r, &mut next_column, &mut x);
     }
     let columns = next_column.max(1.0);
-    let max_depth = p.nodes.values().map(|d| d.row.depth).max().unwrap_or(0);
+    let max_level = p.nodes.values().map(|d| d.level).max().unwrap_or(0);
     let canvas_w = (columns * column_px + 2.0 * MARGIN_PX).max(5.0 * 130.0 + 2.0 * MARGIN_PX);
-    let canvas_h = LEGEND_HEIGHT_PX + f64::from(max_depth) * LEVEL_HEIGHT_PX + NODE_HEIGHT_PX + 2.0 * MARGIN_PX;
+    let canvas_h = LEGEND_HEIGHT_PX + f64::from(max_level) * LEVEL_HEIGHT_PX + NODE_HEIGHT_PX + 2.0 * MARGIN_PX;
     let centre_x = |c: f64| MARGIN_PX + c * column_px + width_px / 2.0;
-    let top_y = |depth: u8| MARGIN_PX + LEGEND_HEIGHT_PX + f64::from(depth) * LEVEL_HEIGHT_PX;
+    let top_y = |level: u32| MARGIN_PX + LEGEND_HEIGHT_PX + f64::from(level) * LEVEL_HEIGHT_PX;
     let mut out = String::new();
     let _ = writeln!(out, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>");
     let _ = writeln!(
@@ -298,9 +304,10 @@ pub fn tree_svg(p: &TreePicture, max_label_chars: usize) -> String {
     let root_x = centre_x((columns - 1.0) / 2.0);
     let root_y = top_y(0) + NODE_HEIGHT_PX / 2.0;
     for (index, d) in &p.nodes {
-        let (cx, y) = (centre_x(x[index]), top_y(d.row.depth));
-        let (px, py) = match d.row.parent() {
-            Some(parent) => (centre_x(x[&parent]), top_y(d.row.depth - 1) + NODE_HEIGHT_PX),
+        let (cx, y) = (centre_x(x[index]), top_y(d.level));
+        // A start's parent, if it has one, is not drawn.
+        let (px, py) = match d.row.parent().filter(|_| d.level > 1) {
+            Some(parent) => (centre_x(x[&parent]), top_y(d.level - 1) + NODE_HEIGHT_PX),
             None => (root_x, root_y + NODE_HEIGHT_PX / 2.0),
         };
         let _ = writeln!(
@@ -315,16 +322,16 @@ pub fn tree_svg(p: &TreePicture, max_label_chars: usize) -> String {
         xml_escape(&p.tree_name)
     );
     for (index, d) in &p.nodes {
-        let (left, y) = (centre_x(x[index]) - width_px / 2.0, top_y(d.row.depth));
+        let (left, y) = (centre_x(x[index]) - width_px / 2.0, top_y(d.level));
         let corner = if d.row.node_type == NodeType::Root { 8 } else { 2 };
         let _ = writeln!(
             out,
             "<g class=\"{}\" id=\"node-{index}\"><title>{}</title><rect x=\"{left:.1}\" y=\"{y:.1}\" width=\"{width_px:.1}\" height=\"{NODE_HEIGHT_PX}\" rx=\"{corner}\"/><text class=\"caption\" x=\"{:.1}\" y=\"{:.1}\">{}</text><text x=\"{:.1}\" y=\"{:.1}\">{}</text></g>",
             classes(&d.row),
-            xml_escape(&format!("{} {}: {}", caption(&d.row), d.row.label.as_str(), d.detail)),
+            xml_escape(&format!("{} {}: {}", caption(d), d.row.label.as_str(), d.detail)),
             left + 6.0,
             y + 12.0,
-            xml_escape(&caption(&d.row)),
+            xml_escape(&caption(d)),
             left + 6.0,
             y + 28.0,
             xml_escape(&d.label)
@@ -410,11 +417,13 @@ pub enum DrawFormat {
     Svg,
 }
 
-/// `deltamem draw`: the picture on stdout, or in `out` (written through a
-/// temporary file).
+/// `deltamem draw`: the picture of what `scope` selects, on stdout or in
+/// `out` (written through a temporary file); nothing is written when the
+/// selection is refused.
 pub fn run_draw(
     path: &std::path::Path,
     tree: &str,
+    scope: &Scope,
     format: DrawFormat,
     out: Option<&std::path::Path>,
     max_label_chars: usize,
@@ -422,10 +431,11 @@ pub fn run_draw(
     use anyhow::Context;
     use std::io::Write as _;
     let bank = super::open_read(path)?;
+    let selection = super::draw_scope::select(&bank, path, tree, scope)?;
     let text = match format {
-        DrawFormat::Text => super::draw::draw_tree(&bank, tree)?,
-        DrawFormat::Dot => tree_dot(&TreePicture::load(&bank, tree, max_label_chars)?),
-        DrawFormat::Svg => tree_svg(&TreePicture::load(&bank, tree, max_label_chars)?, max_label_chars),
+        DrawFormat::Text => super::draw::draw_tree(&bank, &selection)?,
+        DrawFormat::Dot => tree_dot(&TreePicture::load(&bank, selection, max_label_chars)?),
+        DrawFormat::Svg => tree_svg(&TreePicture::load(&bank, selection, max_label_chars)?, max_label_chars),
     };
     match out {
         Some(file) => super::scratch::write_atomically(file, |w| {
