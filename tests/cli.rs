@@ -330,6 +330,32 @@ fn an_output_file_inside_the_bank_is_refused() {
     ok(&["verify", s(&b)], "");
 }
 
+/// An output file that cannot be written is named as the user gave it, not
+/// by the temporary sibling it is written through (`.NAME.tmp-PID`).
+#[test]
+fn an_unwritable_output_file_is_named_as_given() {
+    let (dir, b) = bank(&[]);
+    insert(&b, &[task(json!("root"), "a", &[1.0, 0.0, 0.0, 0.0])]);
+    let out = dir.path().join("no-such-dir").join("out.file");
+    let cases: [Vec<&str>; 3] = [
+        vec!["export", s(&b), "--tree", "task", "--format", "jsonl", "--out", s(&out)],
+        vec!["draw", s(&b), "--tree", "task", "--out", s(&out)],
+        vec!["stats", s(&b), "--plot", s(&out)],
+    ];
+    for args in cases {
+        let run = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success(), "{args:?}");
+        assert!(
+            stderr.contains(&format!("{}: cannot create", out.display())) && !stderr.contains(".tmp-"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn batch_acks_arrive_while_stdin_is_idle() {
     let (_dir, b) = bank(&[]);

@@ -93,14 +93,16 @@ pub fn write_atomically(
     write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> Result<(), InteropError>,
 ) -> Result<(), InteropError> {
     let tmp = temp_sibling(path);
+    // Failures name `path`, the file the user asked for: the temporary
+    // sibling is ours, and its name says nothing to them.
     let result = (|| {
-        let file = std::fs::File::create(&tmp).map_err(InteropError::io("create", &tmp))?;
+        let file = std::fs::File::create(&tmp).map_err(InteropError::io("create", path))?;
         let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
         write(&mut out)?;
         let file = out
             .into_inner()
-            .map_err(|e| InteropError::io("write", &tmp)(e.into_error()))?;
-        file.sync_all().map_err(InteropError::io("fsync", &tmp))?;
+            .map_err(|e| InteropError::io("write", path)(e.into_error()))?;
+        file.sync_all().map_err(InteropError::io("fsync", path))?;
         std::fs::rename(&tmp, path).map_err(InteropError::io("rename into place", path))
     })();
     if result.is_err() {
