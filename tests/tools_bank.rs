@@ -434,9 +434,19 @@ fn a_drawing_can_be_narrowed_and_is_refused_over_its_budget() {
     assert_eq!(text_ids(&text).len(), nodes.len());
     let wrong_tree = deltamem(&["draw", s(&bank), "--tree", "env", "--root", &id], "");
     assert!(
-        wrong_tree.code != 0 && wrong_tree.stderr.contains("not in tree env"),
+        wrong_tree.code != 0 && wrong_tree.stderr.contains("is in tree task, not env"),
         "{}",
         wrong_tree.stderr
+    );
+    // With --root given, the refusal does not suggest it again.
+    let run = deltamem(
+        &["draw", s(&bank), "--tree", "task", "--root", &id, "--max-nodes", "1"],
+        "",
+    );
+    assert!(
+        run.code != 0 && run.stderr.contains("--depth N") && !run.stderr.contains("--root ID"),
+        "{}",
+        run.stderr
     );
 }
 
@@ -691,6 +701,72 @@ fn usage_errors_exit_2() {
     ] {
         let run = fails(&args, 1);
         assert!(run.stderr.contains(s(&missing)), "{}", run.stderr);
+    }
+}
+
+/// A write that fails part-way (here the file size limit, as a full disk
+/// would) names the file the user asked for: an export said "export
+/// output", and `dump --embeddings-npy` named its temporary sibling. No
+/// temporary file is left.
+#[test]
+fn a_write_that_fails_part_way_names_the_file_asked_for() {
+    let (dir, bank) = bank(64, &[]);
+    let npy = dir.path().join("v.npy");
+    write_npy(&npy, &random_rows(4000, 64, 6), NpyElement::F32);
+    ok(&["import", s(&bank), "--tree", "task", "--npy", s(&npy)]);
+    let outs = dir.path().join("outs");
+    std::fs::create_dir(&outs).unwrap();
+    let out = outs.join("big.out");
+    // 256 KiB per file: each output is several MB, past export's 1 MiB buffer.
+    let cases: [&[&str]; 3] = [
+        &[
+            "export",
+            s(&bank),
+            "--tree",
+            "task",
+            "--format",
+            "jsonl",
+            "--out",
+            s(&out),
+        ],
+        &[
+            "export",
+            s(&bank),
+            "--tree",
+            "task",
+            "--format",
+            "reference-json",
+            "--out",
+            s(&out),
+        ],
+        &["dump", s(&bank), "--tree", "task", "--embeddings-npy", s(&out)],
+    ];
+    for args in cases {
+        let limited = std::process::Command::new("bash")
+            .args([
+                "-c",
+                "trap '' XFSZ; ulimit -f 256; exec \"$0\" \"$@\"",
+                env!("CARGO_BIN_EXE_deltamem"),
+            ])
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&limited.stderr);
+        assert_eq!(limited.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{}: cannot write", out.display())),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            !stderr.contains(".tmp-") && !stderr.contains("export output"),
+            "{args:?}: {stderr}"
+        );
+        assert_eq!(
+            std::fs::read_dir(&outs).unwrap().count(),
+            0,
+            "{args:?}: a file was left"
+        );
     }
 }
 

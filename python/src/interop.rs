@@ -54,10 +54,11 @@ pub fn export_reference(bank: &PyBank, py: Python<'_>, tree: &str, path: &Path, 
         let mut nodes = 0;
         write_atomically(path, |out| {
             let report = if jsonl {
-                reference::export_jsonl(b, tree, out)?
+                reference::export_jsonl(b, tree, out)
             } else {
-                reference::export_tree(b, tree, out, &ExportOptions::default())?
-            };
+                reference::export_tree(b, tree, out, &ExportOptions::default())
+            }
+            .map_err(|e| e.naming_output(&path.display().to_string()))?;
             nodes = report.nodes;
             Ok(())
         })?;

@@ -50,6 +50,8 @@ impl Selection {
 /// The nodes of tree `tree_name` that `scope` asks for, or a refusal when
 /// they are more than its budget (naming the count and how to narrow it).
 pub fn select(bank: &Bank, path: &Path, tree_name: &str, scope: &Scope) -> anyhow::Result<Selection> {
+    // An unknown tree is named before an unknown node.
+    bank.tree_index(tree_name)?;
     let start = scope.root.map(|id| super::resolve(bank, id, path)).transpose()?;
     select_from(bank, tree_name, start, scope.levels, scope.max_nodes)
 }
@@ -85,8 +87,13 @@ fn select_from(
     let (starts, start_caption) = match start {
         None => (top, tree_name.to_string()),
         Some(index) => {
-            if bank.row(index)?.tree != tree {
-                bail!("node {index} is not in tree {tree_name}: draw it with the --tree it belongs to");
+            let its_tree = bank.row(index)?.tree;
+            if its_tree != tree {
+                bail!(
+                    "node {index} is in tree {}, not {tree_name}: draw it with --tree {}",
+                    bank.tree_name(its_tree),
+                    bank.tree_name(its_tree)
+                );
             }
             (vec![index], format!("{tree_name}: under #{index}"))
         }
@@ -95,11 +102,27 @@ fn select_from(
     let drawn = selection.level.len();
     if drawn > max_nodes as usize {
         bail!(
-            "the drawing would hold {drawn} nodes of tree {tree_name}, more than --max-nodes {max_nodes}: draw part \
-             of it with --root ID (a node's subtree) or --depth N (the top N levels), or raise --max-nodes"
+            "the drawing would hold {drawn} nodes of tree {tree_name}, more than --max-nodes {max_nodes}: {}",
+            narrowing_hint(&selection, start.is_some(), levels, max_nodes)
         );
     }
     Ok(selection)
+}
+
+/// How a refused drawing can be narrowed: only the options that would
+/// help (`--depth` cannot, when the starts alone are over the budget).
+fn narrowing_hint(selection: &Selection, has_root: bool, levels: Option<u32>, max_nodes: u32) -> String {
+    let mut ways = Vec::new();
+    if !has_root {
+        ways.push("--root ID (a node's subtree)");
+    }
+    if selection.starts.len() <= max_nodes as usize && levels.is_none_or(|l| l > 1) {
+        ways.push("--depth N (the top N levels)");
+    }
+    match ways.is_empty() {
+        true => "raise --max-nodes".to_string(),
+        false => format!("draw part of it with {}, or raise --max-nodes", ways.join(" or ")),
+    }
 }
 
 /// Breadth-first from `starts` over `links`, down to `levels` levels.

@@ -54,7 +54,7 @@ pub fn run(args: &ExportArgs, quiet: bool) -> anyhow::Result<Status> {
             // document behind).
             reference::check_exportable(&bank, &args.tree)?;
             let mut out = super::stdout();
-            let report = write(&bank, args, &mut out)?;
+            let report = write(&bank, args, &mut out).map_err(|e| e.naming_output("stdout"))?;
             out.flush().context("cannot write to stdout")?;
             report
         }
@@ -71,7 +71,7 @@ pub fn run(args: &ExportArgs, quiet: bool) -> anyhow::Result<Status> {
 fn export_to_file(bank: &deltamem::Bank, args: &ExportArgs, path: &Path) -> anyhow::Result<ExportReport> {
     let mut report = None;
     write_atomically(path, |out| {
-        report = Some(write(bank, args, out)?);
+        report = Some(write(bank, args, out).map_err(|e| e.naming_output(&path.display().to_string()))?);
         Ok(())
     })?;
     report.context("export wrote nothing")

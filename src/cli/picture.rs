@@ -124,10 +124,15 @@ fn caption(d: &Drawn) -> String {
     if row.success_hits > 0 {
         let _ = write!(text, " hits {}", row.success_hits);
     }
-    if d.hidden > 0 {
-        let _ = write!(text, " +{} not drawn", d.hidden);
-    }
     text
+}
+
+/// The caption, and how many children are not drawn, if any.
+fn caption_line(d: &Drawn) -> String {
+    match d.hidden {
+        0 => caption(d),
+        hidden => format!("{} +{hidden} not drawn", caption(d)),
+    }
 }
 
 /// CSS classes of a node, from which the SVG style sheet draws it.
@@ -184,7 +189,7 @@ pub fn tree_dot(p: &TreePicture) -> String {
     let _ = writeln!(out, "  node [shape=box, fontname=\"Helvetica\", fontsize=10];");
     let _ = writeln!(out, "  r0 [label=\"{name}\", shape=ellipse, style=dashed];");
     for d in p.nodes.values() {
-        let label = format!("{}\n{}", caption(d), d.label);
+        let label = format!("{}\n{}", caption_line(d), d.label);
         let _ = writeln!(
             out,
             "  n{} [label=\"{}\", tooltip=\"{}\", {}];",
@@ -317,7 +322,9 @@ pub fn tree_svg(p: &TreePicture, max_label_chars: usize) -> String {
     }
     let _ = writeln!(
         out,
-        "<g class=\"virtual-root\"><ellipse cx=\"{root_x:.1}\" cy=\"{root_y:.1}\" rx=\"60\" ry=\"16\"/><text x=\"{root_x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text></g>",
+        "<g class=\"virtual-root\"><ellipse cx=\"{root_x:.1}\" cy=\"{root_y:.1}\" rx=\"{:.1}\" ry=\"16\"/><text x=\"{root_x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text></g>",
+        // Wide enough for its text ("task: under #1000121").
+        (p.tree_name.chars().count() as f64 * CHAR_WIDTH_PX * 0.6 + 16.0).max(60.0),
         root_y + 4.0,
         xml_escape(&p.tree_name)
     );
@@ -328,10 +335,19 @@ pub fn tree_svg(p: &TreePicture, max_label_chars: usize) -> String {
             out,
             "<g class=\"{}\" id=\"node-{index}\"><title>{}</title><rect x=\"{left:.1}\" y=\"{y:.1}\" width=\"{width_px:.1}\" height=\"{NODE_HEIGHT_PX}\" rx=\"{corner}\"/><text class=\"caption\" x=\"{:.1}\" y=\"{:.1}\">{}</text><text x=\"{:.1}\" y=\"{:.1}\">{}</text></g>",
             classes(&d.row),
-            xml_escape(&format!("{} {}: {}", caption(d), d.row.label.as_str(), d.detail)),
+            xml_escape(&format!(
+                "{} {}: {}{}",
+                caption(d),
+                d.row.label.as_str(),
+                d.detail,
+                match d.hidden {
+                    0 => String::new(),
+                    hidden => format!(" ({hidden} children not drawn)"),
+                }
+            )),
             left + 6.0,
             y + 12.0,
-            xml_escape(&caption(d)),
+            xml_escape(&caption_line(d)),
             left + 6.0,
             y + 28.0,
             xml_escape(&d.label)

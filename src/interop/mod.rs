@@ -68,6 +68,20 @@ impl InteropError {
         move |source| InteropError::Io { op, file, source }
     }
 
+    /// An error writing to the stream an export was given (which the
+    /// export calls `UNNAMED_OUTPUT`), named after what the stream is: the
+    /// file the user asked for, or stdout.
+    pub fn naming_output(self, name: &str) -> InteropError {
+        match self {
+            InteropError::Io { op, file, source } if file == UNNAMED_OUTPUT => InteropError::Io {
+                op,
+                file: name.to_string(),
+                source,
+            },
+            other => other,
+        }
+    }
+
     pub fn invalid(file: &std::path::Path, detail: impl Into<String>) -> InteropError {
         InteropError::Invalid {
             file: file.display().to_string(),
@@ -84,6 +98,10 @@ pub fn temp_sibling(path: &std::path::Path) -> std::path::PathBuf {
         .unwrap_or_default();
     path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
 }
+
+/// What an export's write errors call the stream it writes to, until its
+/// caller names it (`InteropError::naming_output`).
+pub const UNNAMED_OUTPUT: &str = "export output";
 
 /// Writes a file through a temporary sibling and renames it into place, so
 /// an interrupted write never leaves a half file under the final name (the

@@ -424,16 +424,14 @@ impl NpyMatrixWriter {
         dim_count: usize,
         element: NpyElement,
     ) -> Result<NpyMatrixWriter, InteropError> {
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-        let file = File::create(&tmp).map_err(InteropError::io("create", &tmp))?;
+        // Errors name `path`, the file the caller asked for, not the
+        // temporary sibling it is written through.
+        let tmp = super::temp_sibling(path);
+        let file = File::create(&tmp).map_err(InteropError::io("create", path))?;
         let out = BufWriter::with_capacity(1 << 20, file);
         let dtype = DType::Plain(element.descr().parse().expect("a valid literal type string"));
         let shape = [row_count, dim_count as u64];
-        let started = |e| InteropError::io("write", &tmp)(e);
+        let started = |e| InteropError::io("write", path)(e);
         let sink = match element {
             NpyElement::F32 => Sink::F32(
                 npyz::WriteOptions::new()
@@ -479,7 +477,7 @@ impl NpyMatrixWriter {
             Sink::F32(w) => row.iter().try_for_each(|x| w.push(x)),
             Sink::F16(w) => row.iter().try_for_each(|x| w.push(&f16::from_f32(*x))),
         };
-        result.map_err(InteropError::io("write", &self.tmp))?;
+        result.map_err(InteropError::io("write", &self.path))?;
         self.rows_written += 1;
         Ok(())
     }
@@ -497,10 +495,10 @@ impl NpyMatrixWriter {
             Sink::F32(w) => w.finish(),
             Sink::F16(w) => w.finish(),
         };
-        finished.map_err(InteropError::io("write", &tmp))?;
+        finished.map_err(InteropError::io("write", &self.path))?;
         File::open(&tmp)
             .and_then(|f| f.sync_all())
-            .map_err(InteropError::io("fsync", &tmp))?;
+            .map_err(InteropError::io("fsync", &self.path))?;
         std::fs::rename(&tmp, &self.path).map_err(InteropError::io("rename into place", &self.path))
     }
 }

@@ -128,7 +128,7 @@ pub fn export_tree(
     let layout = Layout { indent: Some(2) };
     let io = |e| InteropError::Io {
         op: "write",
-        file: "export output".into(),
+        file: crate::interop::UNNAMED_OUTPUT.into(),
         source: e,
     };
     out.write_all(b"{\n  \"meta\": ").map_err(io)?;
@@ -153,7 +153,7 @@ pub fn export_jsonl(bank: &Bank, tree: &str, out: &mut impl Write) -> Result<Exp
     let view = TreeView::load(bank, tree)?;
     let io = |e| InteropError::Io {
         op: "write",
-        file: "export output".into(),
+        file: crate::interop::UNNAMED_OUTPUT.into(),
         source: e,
     };
     for &index in &view.bfs {
