@@ -65,16 +65,19 @@ pub async fn tree_nodes(
         .blocking(move |core| {
             let bank = core.read()?;
             let wanted = bank.tree_index(&tree).map_err(bank_error("tree"))?;
-            let (mut total, mut nodes) = (0u32, Vec::new());
-            for index in 0..bank.node_count() {
-                if bank.row(index).map_err(bank_error("tree"))?.tree != wanted {
-                    continue;
-                }
-                if total >= params.offset && nodes.len() < limit as usize {
-                    nodes.push(NodeSummary::new(&bank, index).map_err(bank_error("tree"))?);
-                }
-                total += 1;
-            }
+            let (page, total): (Vec<u32>, u32) = {
+                let index = core.tree_index(&bank)?;
+                let all = index.tree(wanted);
+                let start = (params.offset as usize).min(all.len());
+                let end = start.saturating_add(limit as usize).min(all.len());
+                let page = all[start..end].to_vec();
+                (page, all.len() as u32)
+            };
+            let nodes = page
+                .into_iter()
+                .map(|i| NodeSummary::new(&bank, i))
+                .collect::<Result<_, _>>()
+                .map_err(bank_error("tree"))?;
             Ok(Json(NodePage { total, nodes }))
         })
         .await
@@ -146,15 +149,9 @@ fn dump_chunk(bank: &Bank, tree: u16, range: std::ops::Range<u32>) -> Result<(Ve
     Ok((out, range.end))
 }
 
-/// Indexes of a node's children (a scan of the rows).
-pub fn children_of(bank: &Bank, index: u32) -> ApiResult<Vec<u32>> {
-    let mut children = Vec::new();
-    for i in index + 1..bank.node_count() {
-        if bank.row(i).map_err(bank_error("id"))?.parent() == Some(index) {
-            children.push(i);
-        }
-    }
-    Ok(children)
+/// Indexes of a node's children, ascending.
+pub fn children_of(core: &super::core::Core, bank: &Bank, index: u32) -> ApiResult<Vec<u32>> {
+    Ok(core.tree_index(bank)?.children(index).to_vec())
 }
 
 pub async fn children(
@@ -166,7 +163,7 @@ pub async fn children(
         .blocking(move |core| {
             let bank = core.read()?;
             let index = resolve(&bank, &node)?;
-            let children = children_of(&bank, index)?
+            let children = children_of(&core, &bank, index)?
                 .into_iter()
                 .map(|i| NodeSummary::new(&bank, i))
                 .collect::<Result<_, _>>()

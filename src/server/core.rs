@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, LockResult, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 use std::thread::JoinHandle;
@@ -26,6 +26,7 @@ use super::commit::{Unsynced, checkpoint_beside_queries, writer_loop};
 use super::error::{ApiError, ApiResult};
 use super::metrics::Metrics;
 use super::rotation::Claim;
+use super::tree_index::TreeIndex;
 use crate::bank::{
     Bank, BankError, ErrorKind, NewNode, NodeRef, OpenOptions, OptionsKey, PreparedQuery, QueryOptions, SyncPolicy,
     VerifyReport,
@@ -81,6 +82,10 @@ pub(super) struct Shared {
     pub read_only: bool,
     /// Takers of the exclusive lock waiting for it (`write_bank`).
     writers_waiting: AtomicU32,
+    /// Bumped each time a read-only server's view is replaced by a newer
+    /// one (under the exclusive lock), so caches built from a view know it
+    /// is gone (`TreeIndex`).
+    pub views: AtomicU64,
     /// Held by a checkpoint, and by a verify while it reads its own view
     /// of the bank with no lock (`Core::verify_until`): a checkpoint
     /// rewrites rows in place in the files the view reads, and the view
@@ -120,6 +125,8 @@ pub struct Core {
     /// a circular scan.
     threads: usize,
     read_only: bool,
+    /// Each tree's nodes and each node's children, for listings.
+    tree_index: Mutex<TreeIndex>,
     /// The bank's dimension, fixed at its creation: request checks read it
     /// here rather than wait for the bank's lock while a round is applied.
     dim: u32,
@@ -180,6 +187,7 @@ impl Core {
             unsynced: Unsynced::default(),
             read_only,
             writers_waiting: AtomicU32::new(0),
+            views: AtomicU64::new(0),
             checkpoints: Mutex::new(()),
         });
         let (tx, rx) = sync_channel(WRITE_QUEUE_LEN);
@@ -195,6 +203,7 @@ impl Core {
             queries,
             threads: threads.max(1),
             read_only,
+            tree_index: Mutex::new(TreeIndex::default()),
             dim,
         }))
     }
@@ -237,6 +246,16 @@ impl Core {
     /// for an fsync).
     pub fn read(&self) -> ApiResult<RwLockReadGuard<'_, Bank>> {
         self.shared.bank.read().map_err(|_| poisoned_lock())
+    }
+
+    /// Each tree's nodes and each node's children, caught up with `bank`
+    /// (this core's bank, read-locked by the caller).
+    pub fn tree_index(&self, bank: &Bank) -> ApiResult<std::sync::MutexGuard<'_, TreeIndex>> {
+        let mut index = self.tree_index.lock().unwrap_or_else(|p| p.into_inner());
+        index
+            .catch_up(bank, self.shared.views.load(Ordering::SeqCst))
+            .map_err(|e| ApiError::from_bank(e, "tree"))?;
+        Ok(index)
     }
 
     /// The shared lock for the next hold of a scan read in holds (a batch

@@ -24,6 +24,7 @@ mod routes;
 mod stdio;
 #[cfg(test)]
 mod tests;
+mod tree_index;
 mod vectors;
 
 use std::path::PathBuf;
