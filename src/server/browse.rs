@@ -163,7 +163,7 @@ pub async fn children(
         .blocking(move |core| {
             let bank = core.read()?;
             let index = resolve(&bank, &node)?;
-            let children = children_of(&core, &bank, index)?
+            let children = children_of(core, &bank, index)?
                 .into_iter()
                 .map(|i| NodeSummary::new(&bank, i))
                 .collect::<Result<_, _>>()

@@ -317,7 +317,7 @@ async fn node(
             let bank = core.read()?;
             let index = resolve(&bank, &node)?;
             let detail = NodeReply::read(&bank, index, with_embedding).map_err(|e| ApiError::from_bank(e, "id"))?;
-            let children = super::browse::children_of(&core, &bank, index)?;
+            let children = super::browse::children_of(core, &bank, index)?;
             Ok(Json(NodeDetail { node: detail, children }))
         })
         .await

@@ -98,7 +98,7 @@ mod tests {
         for round in 0..5 {
             for i in 0..40 {
                 let count = bank.node_count();
-                let tree = if rng.next() % 3 == 0 { "env" } else { "task" };
+                let tree = if rng.next().is_multiple_of(3) { "env" } else { "task" };
                 let attach = match count {
                     0 => Attach::Root,
                     _ => {
