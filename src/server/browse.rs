@@ -66,7 +66,7 @@ pub async fn tree_nodes(
             let bank = core.read()?;
             let wanted = bank.tree_index(&tree).map_err(bank_error("tree"))?;
             let (page, total): (Vec<u32>, u32) = {
-                let index = core.tree_index(&bank)?;
+                let index = core.tree_index(&bank, "tree")?;
                 let all = index.tree(wanted);
                 let start = (params.offset as usize).min(all.len());
                 let end = start.saturating_add(limit as usize).min(all.len());
@@ -151,7 +151,7 @@ fn dump_chunk(bank: &Bank, tree: u16, range: std::ops::Range<u32>) -> Result<(Ve
 
 /// Indexes of a node's children, ascending.
 pub fn children_of(core: &super::core::Core, bank: &Bank, index: u32) -> ApiResult<Vec<u32>> {
-    Ok(core.tree_index(bank)?.children(index).to_vec())
+    Ok(core.tree_index(bank, "id")?.children(index))
 }
 
 pub async fn children(

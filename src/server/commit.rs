@@ -120,7 +120,6 @@ fn refresh_reader(shared: &Shared) {
     };
     if let (Ok(fresh), Ok(mut bank)) = (fresh, shared.write_bank()) {
         *bank = fresh;
-        shared.views.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         drop(bank);
         announce(shared);
     }

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, LockResult, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 use std::thread::JoinHandle;
@@ -82,10 +82,6 @@ pub(super) struct Shared {
     pub read_only: bool,
     /// Takers of the exclusive lock waiting for it (`write_bank`).
     writers_waiting: AtomicU32,
-    /// Bumped each time a read-only server's view is replaced by a newer
-    /// one (under the exclusive lock), so caches built from a view know it
-    /// is gone (`TreeIndex`).
-    pub views: AtomicU64,
     /// Held by a checkpoint, and by a verify while it reads its own view
     /// of the bank with no lock (`Core::verify_until`): a checkpoint
     /// rewrites rows in place in the files the view reads, and the view
@@ -187,7 +183,6 @@ impl Core {
             unsynced: Unsynced::default(),
             read_only,
             writers_waiting: AtomicU32::new(0),
-            views: AtomicU64::new(0),
             checkpoints: Mutex::new(()),
         });
         let (tx, rx) = sync_channel(WRITE_QUEUE_LEN);
@@ -249,12 +244,17 @@ impl Core {
     }
 
     /// Each tree's nodes and each node's children, caught up with `bank`
-    /// (this core's bank, read-locked by the caller).
-    pub fn tree_index(&self, bank: &Bank) -> ApiResult<std::sync::MutexGuard<'_, TreeIndex>> {
-        let mut index = self.tree_index.lock().unwrap_or_else(|p| p.into_inner());
-        index
-            .catch_up(bank, self.shared.views.load(Ordering::SeqCst))
-            .map_err(|e| ApiError::from_bank(e, "tree"))?;
+    /// (this core's bank, read-locked by the caller). Errors name `field`.
+    pub fn tree_index(&self, bank: &Bank, field: &str) -> ApiResult<std::sync::MutexGuard<'_, TreeIndex>> {
+        let mut index = self.tree_index.lock().unwrap_or_else(|poisoned| {
+            // A panic part-way through a catch-up may have left a row half
+            // added: start over.
+            let mut index = poisoned.into_inner();
+            *index = TreeIndex::default();
+            self.tree_index.clear_poison();
+            index
+        });
+        index.catch_up(bank).map_err(|e| ApiError::from_bank(e, field))?;
         Ok(index)
     }
 
