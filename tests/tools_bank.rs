@@ -704,16 +704,37 @@ fn usage_errors_exit_2() {
     }
 }
 
+/// A bank of 4,000 rows of 64 floats (1 MB of vectors), imported.
+fn bank_of_4000_rows(seed: u64) -> (tempfile::TempDir, std::path::PathBuf) {
+    let (dir, bank) = bank(64, &[]);
+    let npy = dir.path().join("v.npy");
+    write_npy(&npy, &random_rows(4000, 64, seed), NpyElement::F32);
+    ok(&["import", s(&bank), "--tree", "task", "--npy", s(&npy)]);
+    (dir, bank)
+}
+
+/// `deltamem ARGS` with files capped at 256 KiB (SIGXFSZ ignored, so a
+/// write past the cap fails as a full disk would make it fail).
+fn under_file_limit(args: &[&str]) -> std::process::Output {
+    std::process::Command::new("bash")
+        .args([
+            "-c",
+            "trap '' XFSZ; ulimit -f 256; exec \"$0\" \"$@\"",
+            env!("CARGO_BIN_EXE_deltamem"),
+        ])
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .output()
+        .unwrap()
+}
+
 /// A write that fails part-way (here the file size limit, as a full disk
 /// would) names the file the user asked for: an export said "export
 /// output", and `dump --embeddings-npy` named its temporary sibling. No
 /// temporary file is left.
 #[test]
 fn a_write_that_fails_part_way_names_the_file_asked_for() {
-    let (dir, bank) = bank(64, &[]);
-    let npy = dir.path().join("v.npy");
-    write_npy(&npy, &random_rows(4000, 64, 6), NpyElement::F32);
-    ok(&["import", s(&bank), "--tree", "task", "--npy", s(&npy)]);
+    let (dir, bank) = bank_of_4000_rows(6);
     let outs = dir.path().join("outs");
     std::fs::create_dir(&outs).unwrap();
     let out = outs.join("big.out");
@@ -742,16 +763,7 @@ fn a_write_that_fails_part_way_names_the_file_asked_for() {
         &["dump", s(&bank), "--tree", "task", "--embeddings-npy", s(&out)],
     ];
     for args in cases {
-        let limited = std::process::Command::new("bash")
-            .args([
-                "-c",
-                "trap '' XFSZ; ulimit -f 256; exec \"$0\" \"$@\"",
-                env!("CARGO_BIN_EXE_deltamem"),
-            ])
-            .args(args)
-            .stdout(std::process::Stdio::null())
-            .output()
-            .unwrap();
+        let limited = under_file_limit(args);
         let stderr = String::from_utf8_lossy(&limited.stderr);
         assert_eq!(limited.status.code(), Some(1), "{args:?}: {stderr}");
         assert!(
@@ -776,22 +788,10 @@ fn a_write_that_fails_part_way_names_the_file_asked_for() {
 /// the same OUT afterwards succeeds.
 #[test]
 fn a_failed_freeze_leaves_no_work_directory() {
-    let (dir, bank) = bank(64, &[]);
-    let npy = dir.path().join("v.npy");
-    write_npy(&npy, &random_rows(4000, 64, 5), NpyElement::F32);
-    ok(&["import", s(&bank), "--tree", "task", "--npy", s(&npy)]);
+    let (dir, bank) = bank_of_4000_rows(5);
     let out = dir.path().join("frozen");
-    // 256 KiB per file: the vectors (1 MB) cannot be written.
-    let limited = std::process::Command::new("bash")
-        .args([
-            "-c",
-            "trap '' XFSZ; ulimit -f 256; exec \"$0\" freeze \"$1\" \"$2\"",
-            env!("CARGO_BIN_EXE_deltamem"),
-            s(&bank),
-            s(&out),
-        ])
-        .output()
-        .unwrap();
+    // The vectors (1 MB) cannot be written.
+    let limited = under_file_limit(&["freeze", s(&bank), s(&out)]);
     let stderr = String::from_utf8_lossy(&limited.stderr);
     assert_eq!(limited.status.code(), Some(1), "{stderr}");
     assert!(!out.exists(), "{stderr}");
