@@ -78,8 +78,7 @@ pub fn parse_reference(bytes: &[u8], file: &str) -> Result<ReferenceTree, Intero
         column: e.column(),
         detail: e.to_string().split(" at line ").next().unwrap_or_default().to_string(),
     };
-    let doc: Value = serde_json::from_slice(bytes).map_err(json_error)?;
-    keys::refuse_duplicate_keys(bytes).map_err(json_error)?;
+    let doc = keys::parse_unique_keys(bytes).map_err(json_error)?;
     let ctx = Ctx { file };
     let top = doc
         .as_object()
