@@ -15,7 +15,7 @@ use std::sync::mpsc::Receiver;
 
 use anyhow::Context;
 use deltamem::api::{self, ApiError, LineError, QueryDefaults, QueryReply, QueryRequest, TreeQuery};
-use deltamem::{Bank, OptionsKey};
+use deltamem::{Bank, OptionsKey, QueryOptions};
 
 use super::input::{self, Event, Line};
 use super::{Status, write_json_line};
@@ -97,6 +97,13 @@ fn read_query(line: Line) -> Asked {
     }
 }
 
+/// Queries of one tree with equal options, answered in one pass: their
+/// lines' positions, and the queries.
+struct Group<'a> {
+    options: QueryOptions,
+    members: Vec<(usize, &'a TreeQuery)>,
+}
+
 /// Answers every query of `asked`, in order: those of one tree with equal
 /// options in one pass. A pass that fails (one query's embedding is bad)
 /// is answered a query at a time, so that the error is that query's own.
@@ -104,35 +111,32 @@ fn read_query(line: Line) -> Asked {
 /// queries may not touch it).
 fn answer_all(bank: &Bank, asked: &[Asked], defaults: QueryDefaults) -> Vec<Result<QueryReply, String>> {
     let mut answers: Vec<Option<Result<QueryReply, String>>> = (0..asked.len()).map(|_| None).collect();
-    let mut groups: BTreeMap<(&str, OptionsKey), Vec<usize>> = BTreeMap::new();
+    let mut groups: BTreeMap<(&str, OptionsKey), Group> = BTreeMap::new();
     for (i, a) in asked.iter().enumerate() {
-        let key = a.query.as_ref().map_err(Clone::clone).and_then(|(tree, query)| {
+        let grouped = a.query.as_ref().map_err(Clone::clone).and_then(|(tree, query)| {
             let options = query.options(defaults).map_err(|e| ApiError::from(e).to_string())?;
-            Ok((tree.as_str(), options.batch_key()))
+            Ok((tree.as_str(), options, query))
         });
-        match key {
-            Ok(key) => groups.entry(key).or_default().push(i),
+        match grouped {
+            Ok((tree, options, query)) => {
+                let group = groups.entry((tree, options.batch_key())).or_insert_with(|| Group {
+                    options,
+                    members: Vec::new(),
+                });
+                group.members.push((i, query));
+            }
             Err(e) => answers[i] = Some(Err(e)),
         }
     }
-    for ((tree, _), members) in groups {
-        let query = |i: usize| asked[i].query.as_ref().map(|(_, q)| q).ok();
-        let Some(first) = query(members[0]) else { continue };
-        let embeddings: Vec<&[f32]> = members
-            .iter()
-            .filter_map(|&i| query(i))
-            .map(|q| &q.embedding[..])
-            .collect();
-        let batched = first
-            .options(defaults)
-            .ok()
-            .and_then(|o| bank.query_batch(tree, &embeddings, &o).ok());
+    for ((tree, _), Group { options, members }) in groups {
+        let embeddings: Vec<&[f32]> = members.iter().map(|(_, q)| &q.embedding[..]).collect();
+        let batched = bank.query_batch(tree, &embeddings, &options).ok();
         match batched {
-            Some(found) => members.iter().zip(found).for_each(|(&i, matches)| {
+            Some(found) => members.iter().zip(found).for_each(|(&(i, _), matches)| {
                 answers[i] = Some(QueryReply::new(bank, matches).map_err(|e| ApiError::from(e).to_string()));
             }),
-            None => members.iter().for_each(|&i| {
-                answers[i] = query(i).map(|q| q.answer(bank, tree, defaults).map_err(|e| e.to_string()));
+            None => members.iter().for_each(|&(i, q)| {
+                answers[i] = Some(q.answer(bank, tree, defaults).map_err(|e| e.to_string()));
             }),
         }
     }

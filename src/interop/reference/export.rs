@@ -126,11 +126,7 @@ pub fn export_tree(
         ),
     ]);
     let layout = Layout { indent: Some(2) };
-    let io = |e| InteropError::Io {
-        op: "write",
-        file: crate::interop::UNNAMED_OUTPUT.into(),
-        source: e,
-    };
+    let io = output_error;
     out.write_all(b"{\n  \"meta\": ").map_err(io)?;
     write_value(out, &header, layout, 1).map_err(io)?;
     out.write_all(b",\n  \"nodes\": [\n    ").map_err(io)?;
@@ -146,16 +142,22 @@ pub fn export_tree(
     })
 }
 
+/// A failed write to the stream an export was given (its caller names
+/// the stream: `InteropError::naming_output`).
+fn output_error(source: std::io::Error) -> InteropError {
+    InteropError::Io {
+        op: "write",
+        file: crate::interop::UNNAMED_OUTPUT.into(),
+        source,
+    }
+}
+
 /// Writes tree `tree` as JSON Lines: one node object per line (the
 /// reference's node schema plus the bank `id` and `depth` first), BFS
 /// order, no placeholder (top-level roots have `parent_id: null`).
 pub fn export_jsonl(bank: &Bank, tree: &str, out: &mut impl Write) -> Result<ExportReport, InteropError> {
     let view = TreeView::load(bank, tree)?;
-    let io = |e| InteropError::Io {
-        op: "write",
-        file: crate::interop::UNNAMED_OUTPUT.into(),
-        source: e,
-    };
+    let io = output_error;
     for &index in &view.bfs {
         let PyValue::Dict(fields) = node_value(bank, &view, index, false)? else {
             unreachable!("node_value builds a dict");
