@@ -657,6 +657,16 @@ fn meta_from_an_endless_stream_is_refused_after_a_bounded_read() {
     assert_eq!(ok(&["stats", s(&bank), "--json"]).json()["nodes"], 0);
 }
 
+/// Waits (at most 30 s, else fails) until the import has made its
+/// temporary copy in `dir`.
+fn wait_for_a_temporary_copy(dir: &Path) {
+    let copying = (0..3000).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        std::fs::read_dir(dir).unwrap().next().is_some()
+    });
+    assert!(copying, "no temporary copy was made");
+}
+
 /// SIGINT, SIGTERM or SIGHUP while a `.npy` stream is being copied: the
 /// process still ends by the signal, and its temporary copy goes with it
 /// (it was left in the temporary directory).
@@ -681,12 +691,7 @@ fn a_signal_during_an_import_from_a_pipe_leaves_no_copy_behind() {
             .unwrap();
         let mut input = child.stdin.take().unwrap();
         std::io::Write::write_all(&mut input, &head).unwrap();
-        // Bounded: the copy appears within 30 s, or the test fails.
-        let copying = (0..3000).any(|_| {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            std::fs::read_dir(scratch.path()).unwrap().next().is_some()
-        });
-        assert!(copying, "no temporary copy was made");
+        wait_for_a_temporary_copy(scratch.path());
         // The child is not yet waited for, so its pid is still its own.
         let sent = std::process::Command::new("kill")
             .args(["-s", name, &child.id().to_string()])
@@ -782,12 +787,7 @@ fn a_signal_ignored_at_start_stays_ignored() {
         .unwrap();
     let mut input = child.stdin.take().unwrap();
     std::io::Write::write_all(&mut input, &bytes[..head_bytes]).unwrap();
-    // Bounded: the copy appears within 30 s, or the test fails.
-    let copying = (0..3000).any(|_| {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-        std::fs::read_dir(scratch.path()).unwrap().next().is_some()
-    });
-    assert!(copying, "no temporary copy was made");
+    wait_for_a_temporary_copy(scratch.path());
     let sent = std::process::Command::new("kill")
         .args(["-s", "HUP", &child.id().to_string()])
         .status()
