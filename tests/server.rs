@@ -1214,3 +1214,144 @@ fn a_batch_query_asking_for_too_many_matches_is_refused_by_k() {
     assert!(e["error"].as_str().unwrap().contains("101000 matches"), "{e}");
     assert_eq!(server.terminate(), 0);
 }
+
+/// A tree's history, aggregated by the server, against a model built from
+/// its dump: the growth curve counts every node created up to each sample
+/// (thinned or not), the consolidations and the most-hit nodes are those
+/// of the dump, and bad parameters are named.
+#[test]
+fn a_trees_history_matches_its_dump() {
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &[]);
+    let mut seed = 7u64;
+    let mut next = |below: u64| {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (seed >> 33) % below
+    };
+    let mut ids: Vec<u64> = Vec::new();
+    // Bursts a few ms apart: distinct creation times, and many nodes
+    // sharing each.
+    for burst in 0..7 {
+        for _ in 0..5 + next(12) {
+            let attach = match ids.is_empty() || next(3) == 0 {
+                true => json!("root"),
+                false => json!({"parent": ids[next(ids.len() as u64) as usize]}),
+            };
+            let i = ids.len() as u64;
+            let ack = server.post("/v1/nodes", &node("task", attach, &format!("n{i}"), &vector(DIM, i)));
+            ids.push(ack["id"].as_u64().unwrap());
+        }
+        server.post(
+            "/v1/nodes",
+            &node("env", json!("root"), "kitchen", &vector(DIM, 1000 + burst)),
+        );
+        std::thread::sleep(Duration::from_millis(15));
+    }
+    for _ in 0..40 {
+        server.post(
+            &format!("/v1/nodes/{}/hit", ids[next(ids.len() as u64) as usize]),
+            &json!(null),
+        );
+    }
+    let residuals: Vec<u64> = {
+        let page = server.get("/v1/trees/task/nodes?limit=1000");
+        let nodes = page["nodes"].as_array().unwrap().clone();
+        nodes
+            .iter()
+            .filter(|n| n["parent"].is_u64())
+            .map(|n| n["id"].as_u64().unwrap())
+            .collect()
+    };
+    for id in residuals.iter().take(2) {
+        std::thread::sleep(Duration::from_millis(5));
+        let done = server.post(
+            &format!("/v1/nodes/{id}/consolidate"),
+            &json!({"payload": {"execution_procedure": "x"}}),
+        );
+        assert_eq!(done["source"].as_u64(), Some(*id), "{done}");
+    }
+
+    let (_, dump) = server.call("GET", "/v1/trees/task/dump", None);
+    let model: Vec<Value> = dump.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let times: Vec<u64> = model.iter().map(|n| n["created_unix_ms"].as_u64().unwrap()).collect();
+    let mut distinct = times.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert!(
+        distinct.len() >= 7,
+        "the bursts share {} creation times",
+        distinct.len()
+    );
+    let count_to = |t: u64| times.iter().filter(|&&x| x <= t).count() as u64;
+    for points in [1, 2, 5, 1000] {
+        let history = server.get(&format!("/v1/trees/task/history?points={points}&top=3"));
+        assert_eq!(history["nodes"].as_u64(), Some(model.len() as u64));
+        assert_eq!(history["undated"], 0);
+        let growth: Vec<(u64, u64)> = history["growth"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (p["t_ms"].as_u64().unwrap(), p["nodes"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(growth.len(), points.min(distinct.len()), "{history}");
+        assert!(growth.windows(2).all(|w| w[0].0 < w[1].0), "{history}");
+        assert!(growth.iter().all(|&(t, n)| n == count_to(t)), "{history}");
+        assert_eq!(growth.last().unwrap().0, *distinct.last().unwrap());
+        if points > 1 {
+            assert_eq!(growth[0].0, distinct[0]);
+        }
+        if points >= distinct.len() {
+            assert_eq!(growth.iter().map(|p| p.0).collect::<Vec<_>>(), distinct);
+        }
+    }
+
+    let mut roots: Vec<(u64, u64)> = model
+        .iter()
+        .filter(|n| n["consolidated_root"] == true)
+        .map(|n| (n["created_unix_ms"].as_u64().unwrap(), n["id"].as_u64().unwrap()))
+        .collect();
+    roots.sort_unstable();
+    assert_eq!(roots.len(), 2);
+    let newest = server.get("/v1/trees/task/history?points=1");
+    assert_eq!(newest["consolidations"], 2);
+    let marks = newest["consolidation_marks"].as_array().unwrap();
+    assert_eq!(
+        (marks.len(), marks[0]["id"].as_u64(), marks[0]["created_at_ms"].as_u64()),
+        (1, Some(roots[1].1), Some(roots[1].0))
+    );
+    let mut hit: Vec<(u64, u64)> = model
+        .iter()
+        .map(|n| (n["success_hits"].as_u64().unwrap(), n["id"].as_u64().unwrap()))
+        .filter(|&(hits, _)| hits > 0)
+        .collect();
+    hit.sort_unstable_by_key(|&(hits, id)| (std::cmp::Reverse(hits), id));
+    for top in [0, 3, 1000] {
+        let history = server.get(&format!("/v1/trees/task/history?top={top}"));
+        let shown: Vec<(u64, u64)> = history["top_hits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| (n["success_hits"].as_u64().unwrap(), n["id"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(shown, hit.iter().copied().take(top).collect::<Vec<_>>());
+    }
+    let env = server.get("/v1/trees/env/history");
+    assert_eq!(
+        (env["nodes"].as_u64(), env["consolidations"].as_u64()),
+        (Some(7), Some(0))
+    );
+
+    for (query, field) in [
+        ("points=0", "points"),
+        ("points=1001", "points"),
+        ("top=1001", "top"),
+        ("points=x", "points"),
+    ] {
+        let e = server.fails("GET", &format!("/v1/trees/task/history?{query}"), None, 400);
+        assert_eq!(e["field"], field, "{query}: {e}");
+    }
+    server.fails("GET", "/v1/trees/task/history?since=1", None, 400);
+    server.fails("GET", "/v1/trees/kitchen/history", None, 404);
+    assert!(server.get("/openapi.json")["paths"]["/v1/trees/{tree}/history"]["get"].is_object());
+    assert_eq!(server.terminate(), 0);
+}

@@ -169,6 +169,40 @@ pub struct DueOut {
     pub due: Vec<NodeSummary>,
 }
 
+/// A tree's history in one answer, aggregated on the server so that a
+/// client of a 1M-node tree does not fetch every summary to draw it.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct HistoryOut {
+    /// Nodes in the tree.
+    pub nodes: u32,
+    /// Nodes with no creation time (0 on disk: imported without one).
+    pub undated: u32,
+    /// The growth curve, oldest first: at time `t_ms`, `nodes` dated nodes
+    /// had been created (all created at or before `t_ms`). At most
+    /// `points` samples; the last is the newest node's time and every
+    /// dated node.
+    pub growth: Vec<GrowthPoint>,
+    /// Dated consolidated roots in the tree.
+    pub consolidations: u32,
+    /// The newest of them, at most `points`, oldest first.
+    pub consolidation_marks: Vec<HistoryMark>,
+    /// The nodes with the most success hits (ties: lower id first), at
+    /// most `top`; nodes without a hit are left out.
+    pub top_hits: Vec<NodeSummary>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct GrowthPoint {
+    pub t_ms: u64,
+    pub nodes: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct HistoryMark {
+    pub id: u32,
+    pub created_at_ms: u64,
+}
+
 /// A chain, root first; rendered: ids and the prompt text.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(untagged)]

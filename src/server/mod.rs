@@ -14,6 +14,7 @@ mod browse;
 mod commit;
 mod core;
 mod error;
+mod history;
 mod http;
 mod listen;
 pub mod mcp;

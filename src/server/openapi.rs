@@ -92,6 +92,15 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             &[TREE, ("offset", "query", "integer"), ("limit", "query", "integer")],
         ),
         with_params(
+            op::<HistoryOut>(
+                g,
+                "get",
+                "/v1/trees/{tree}/history",
+                "A tree's growth, consolidations and most-hit nodes",
+            ),
+            &[TREE, ("points", "query", "integer"), ("top", "query", "integer")],
+        ),
+        with_params(
             text(
                 op::<HealthOut>(g, "get", "/v1/trees/{tree}/dump", "Every node of a tree as JSON Lines"),
                 "application/x-ndjson",

@@ -36,6 +36,7 @@ pub fn api() -> Router<AppState> {
         .route("/v1/trees/{tree}/query", post(query))
         .route("/v1/trees/{tree}/query_batch", post(query_batch))
         .route("/v1/trees/{tree}/nodes", get(super::browse::tree_nodes))
+        .route("/v1/trees/{tree}/history", get(super::history::history))
         .route("/v1/trees/{tree}/dump", get(super::browse::dump))
         .route("/v1/nodes", post(insert))
         .route("/v1/nodes/batch", post(insert_batch))

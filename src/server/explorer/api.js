@@ -37,6 +37,7 @@ export const api = {
   search: (tree, q, limit = 50) => call('GET', `/v1/search?tree=${enc(tree)}&q=${enc(q)}&limit=${limit}`),
   query: (tree, body) => call('POST', `/v1/trees/${enc(tree)}/query`, body),
   retrieve: (task, env) => call('POST', '/v1/retrieve', { task, env }),
+  history: (tree) => call('GET', `/v1/trees/${enc(tree)}/history`),
   nodesPage: (tree, offset, limit) =>
     call('GET', `/v1/trees/${enc(tree)}/nodes?offset=${offset}&limit=${limit}`),
 };
