@@ -1355,3 +1355,108 @@ fn a_trees_history_matches_its_dump() {
     assert!(server.get("/openapi.json")["paths"]["/v1/trees/{tree}/history"]["get"].is_object());
     assert_eq!(server.terminate(), 0);
 }
+
+/// A tree's outline, read in pages of every size, is its dump's shape
+/// (ids, parents, depths, hits, kinds) in the same order; summaries of
+/// named nodes are the listing's; bad requests are named.
+#[test]
+fn a_trees_outline_and_chosen_summaries_match_the_dump() {
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &[]);
+    let mut ids = Vec::new();
+    for i in 0..23u64 {
+        let attach = match i % 4 {
+            0 => json!("root"),
+            _ => json!({"parent": ids[(i as usize * 7) % ids.len()]}),
+        };
+        let mut body = node("task", attach, &format!("node {i}"), &vector(DIM, i));
+        if i % 5 == 2 {
+            body["label"] = json!("FAILURE");
+        }
+        ids.push(server.post("/v1/nodes", &body)["id"].as_u64().unwrap());
+        if i % 6 == 0 {
+            server.post(
+                "/v1/nodes",
+                &node("env", json!("root"), "elsewhere", &vector(DIM, 100 + i)),
+            );
+        }
+    }
+    for i in [1, 1, 2, 5, 5, 5] {
+        server.post(&format!("/v1/nodes/{}/hit", ids[i]), &json!(null));
+    }
+    server.post(
+        &format!("/v1/nodes/{}/consolidate", ids[5]),
+        &json!({"payload": {"a": "b"}}),
+    );
+
+    let (_, dump) = server.call("GET", "/v1/trees/task/dump", None);
+    let model: Vec<Value> = dump.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let shape = |n: &Value| {
+        let kind = u64::from(n["type"] == "RESIDUAL")
+            | u64::from(n["label"] == "FAILURE") << 1
+            | u64::from(n["consolidated"] == true) << 2
+            | u64::from(n["consolidated_root"] == true) << 3;
+        json!([n["id"], n["parent"], n["depth"], n["success_hits"], kind])
+    };
+    let expected: Vec<Value> = model.iter().map(shape).collect();
+    assert!(expected.iter().any(|s| s[4] == 1) && expected.iter().any(|s| s[4].as_u64().unwrap() >= 8));
+    for limit in [1, 4, 100_000] {
+        let mut shown = Vec::new();
+        let mut offset = 0;
+        loop {
+            let page = server.get(&format!("/v1/trees/task/outline?offset={offset}&limit={limit}"));
+            assert_eq!(page["total"].as_u64(), Some(model.len() as u64));
+            assert_eq!(page["offset"], offset);
+            let count = page["ids"].as_array().unwrap().len();
+            for i in 0..count {
+                let column = |name: &str| page[name][i].clone();
+                shown.push(json!([
+                    column("ids"),
+                    column("parents"),
+                    column("depths"),
+                    column("success_hits"),
+                    column("kinds")
+                ]));
+            }
+            offset += count;
+            if count == 0 || offset >= model.len() {
+                break;
+            }
+        }
+        assert_eq!(shown, expected, "limit {limit}");
+    }
+    let past = server.get("/v1/trees/task/outline?offset=4000000000");
+    assert_eq!(
+        (past["offset"].as_u64(), past["ids"].clone()),
+        (Some(model.len() as u64), json!([]))
+    );
+
+    let listing = server.get("/v1/trees/task/nodes?limit=1000")["nodes"].clone();
+    let chosen = json!([ids[3], ids[0], ids[22]]);
+    let summaries = server.post("/v1/summaries", &json!({"ids": chosen}))["nodes"].clone();
+    let by_id = |id: &Value| {
+        listing
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["id"] == *id)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(
+        summaries,
+        json!([by_id(&chosen[0]), by_id(&chosen[1]), by_id(&chosen[2])])
+    );
+
+    for (path, field) in [("limit=0", "limit"), ("limit=100001", "limit"), ("offset=-1", "offset")] {
+        let e = server.fails("GET", &format!("/v1/trees/task/outline?{path}"), None, 400);
+        assert_eq!(e["field"], field, "{path}: {e}");
+    }
+    server.fails("GET", "/v1/trees/kitchen/outline", None, 404);
+    let e = server.fails("POST", "/v1/summaries", Some(r#"{"ids":[0,999]}"#), 404);
+    assert_eq!(e["field"], "ids", "{e}");
+    let many = json!({"ids": vec![0; 1025]}).to_string();
+    assert_eq!(server.fails("POST", "/v1/summaries", Some(&many), 400)["field"], "ids");
+    server.fails("POST", "/v1/summaries", Some(r#"{"ids":[0],"title":true}"#), 400);
+    assert_eq!(server.terminate(), 0);
+}

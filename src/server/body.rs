@@ -169,6 +169,32 @@ pub struct DueOut {
     pub due: Vec<NodeSummary>,
 }
 
+/// A page of a tree's shape, from the node table alone (no payload is
+/// read): one entry per node in each array, in the tree's order. The
+/// explorer draws a tree from these and asks for the titles
+/// (`/v1/summaries`) only of the nodes it labels.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct OutlineOut {
+    /// Nodes in the tree.
+    pub total: u32,
+    /// Position in the tree of the first node of this page.
+    pub offset: u32,
+    pub ids: Vec<u32>,
+    /// Null for a top-level root.
+    pub parents: Vec<Option<u32>>,
+    pub depths: Vec<u8>,
+    pub success_hits: Vec<u32>,
+    /// Bits: 1 residual, 2 failure, 4 consolidated, 8 consolidated root.
+    pub kinds: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SummariesRequest {
+    /// The nodes wanted, by index or external id.
+    pub ids: Vec<NodeRefJson>,
+}
+
 /// A tree's history in one answer, aggregated on the server so that a
 /// client of a 1M-node tree does not fetch every summary to draw it.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

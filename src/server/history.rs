@@ -24,7 +24,7 @@ const POINTS_DEFAULT: usize = 500;
 const TOP_DEFAULT: usize = 40;
 /// Rows read under one hold of the shared lock: a write waits for one
 /// slice (about 2 ms), not the whole pass.
-const HOLD_ROWS: usize = 1 << 14;
+pub(super) const HOLD_ROWS: usize = 1 << 14;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -20,6 +20,7 @@ mod listen;
 pub mod mcp;
 mod metrics;
 pub mod openapi;
+mod outline;
 mod rotation;
 mod routes;
 mod stdio;

@@ -59,6 +59,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
     let batch = json_content(g.subschema_for::<InsertBatchRequest>());
     let retrievals = json_content(g.subschema_for::<RetrievalsRequest>());
     let consolidate = json_content(g.subschema_for::<ConsolidateRequest>());
+    let summaries = json_content(g.subschema_for::<SummariesRequest>());
     let ops = vec![
         op::<HealthOut>(g, "get", "/healthz", "Liveness"),
         text(
@@ -90,6 +91,19 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
         with_params(
             op::<NodePage>(g, "get", "/v1/trees/{tree}/nodes", "A page of a tree's nodes"),
             &[TREE, ("offset", "query", "integer"), ("limit", "query", "integer")],
+        ),
+        with_params(
+            op::<OutlineOut>(
+                g,
+                "get",
+                "/v1/trees/{tree}/outline",
+                "A page of a tree's shape, without payloads",
+            ),
+            &[TREE, ("offset", "query", "integer"), ("limit", "query", "integer")],
+        ),
+        with_body(
+            op::<NodeList>(g, "post", "/v1/summaries", "Summaries of the nodes named"),
+            summaries,
         ),
         with_params(
             op::<HistoryOut>(
@@ -356,6 +370,7 @@ fn constrain_schemas(schemas: &mut Map<String, Value>, bounds: &Bounds) {
     });
     set("InsertBatchRequest", "nodes", &batch);
     set("RetrievalsRequest", "ids", &batch);
+    set("SummariesRequest", "ids", &batch);
 }
 
 /// Gives every unsigned integer its type's largest value as `maximum`:

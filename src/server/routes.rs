@@ -37,6 +37,8 @@ pub fn api() -> Router<AppState> {
         .route("/v1/trees/{tree}/query_batch", post(query_batch))
         .route("/v1/trees/{tree}/nodes", get(super::browse::tree_nodes))
         .route("/v1/trees/{tree}/history", get(super::history::history))
+        .route("/v1/trees/{tree}/outline", get(super::outline::outline))
+        .route("/v1/summaries", post(super::outline::summaries))
         .route("/v1/trees/{tree}/dump", get(super::browse::dump))
         .route("/v1/nodes", post(insert))
         .route("/v1/nodes/batch", post(insert_batch))

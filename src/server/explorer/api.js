@@ -22,10 +22,10 @@ async function call(method, path, body) {
 }
 
 const enc = encodeURIComponent;
-// The server's page limit (docs/SERVER.md: at most 1000 items a page).
-const SUMMARY_PAGE = 1000;
-// Pages asked for at once after the first.
-const PAGE_CONCURRENCY = 4;
+// Ids per `/v1/summaries` request (the server's batch limit is 1024).
+const SUMMARY_BATCH = 500;
+// Outline pages asked for at once after the first.
+const PAGE_CONCURRENCY = 2;
 
 export const api = {
   bank: () => call('GET', '/v1/bank'),
@@ -38,27 +38,37 @@ export const api = {
   query: (tree, body) => call('POST', `/v1/trees/${enc(tree)}/query`, body),
   retrieve: (task, env) => call('POST', '/v1/retrieve', { task, env }),
   history: (tree) => call('GET', `/v1/trees/${enc(tree)}/history`),
-  nodesPage: (tree, offset, limit) =>
-    call('GET', `/v1/trees/${enc(tree)}/nodes?offset=${offset}&limit=${limit}`),
+  outline: (tree, offset) => call('GET', `/v1/trees/${enc(tree)}/outline?offset=${offset}`),
+  summaries: (ids) => call('POST', '/v1/summaries', { ids }),
 };
 
-// Every node summary of a tree from `offset` on. The first page gives the
-// total; the other pages are asked for a few at a time and put back in
-// order. Nodes added meanwhile are left for the next refresh.
-export async function treeSummaries(tree, offset = 0) {
-  const first = await api.nodesPage(tree, offset, SUMMARY_PAGE);
+// A tree's whole shape (ids, parents, depths, hits, kinds; no payloads),
+// a page of up to 100,000 nodes at a time: the first gives the total,
+// the others are asked for a few at a time and put back in order. Nodes
+// added meanwhile are left for the next refresh.
+export async function treeOutline(tree) {
+  const first = await api.outline(tree, 0);
   const offsets = [];
-  for (let at = offset + first.nodes.length; first.nodes.length > 0 && at < first.total; at += SUMMARY_PAGE) offsets.push(at);
+  for (let at = first.ids.length; first.ids.length > 0 && at < first.total; at += first.ids.length) offsets.push(at);
   const pages = new Array(offsets.length);
   let next = 0;
   const worker = async () => {
     while (next < offsets.length) {
       const slot = next++;
-      pages[slot] = (await api.nodesPage(tree, offsets[slot], SUMMARY_PAGE)).nodes;
+      pages[slot] = await api.outline(tree, offsets[slot]);
     }
   };
   await Promise.all(Array.from({ length: PAGE_CONCURRENCY }, worker));
-  return first.nodes.concat(...pages);
+  return [first, ...pages];
+}
+
+// Summaries (titles, external ids) of the nodes named, a batch at a time.
+export async function summariesOf(ids) {
+  const out = [];
+  for (let at = 0; at < ids.length; at += SUMMARY_BATCH) {
+    out.push(...(await api.summaries(ids.slice(at, at + SUMMARY_BATCH))).nodes);
+  }
+  return out;
 }
 
 // A node's stored (normalised) embedding, for "find its neighbours".

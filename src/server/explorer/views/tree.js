@@ -1,12 +1,14 @@
-// Tree view: an interactive drawing of one tree. Node summaries are
-// loaded once (page by page); what is drawn is only the expanded part,
+// Tree view: an interactive drawing of one tree. The tree's outline
+// (ids, parents, kinds; no payloads) is loaded page by page, and the
+// titles only of the nodes drawn with labels; what is drawn is only the
+// expanded part,
 // laid out by d3-hierarchy's tidy tree and panned/zoomed by d3-zoom.
 // Nodes are written as one SVG string per redraw: at 10k nodes that is
 // several times faster than creating elements one by one.
 import { tree as tidyTree, hierarchy } from 'd3-hierarchy';
 import { pointer, select } from 'd3-selection';
 import { zoom, zoomIdentity, zoomTransform } from 'd3-zoom';
-import { api, treeSummaries } from '../api.js';
+import { api, summariesOf, treeOutline } from '../api.js';
 import { errorBox, h, kindClasses, legend } from '../dom.js';
 
 const NODE_W = 230;
@@ -28,10 +30,21 @@ const cut = (text, n) => {
   return flat.length <= n ? flat : `${flat.slice(0, n - 1)}…`;
 };
 
-// The tree's nodes by id with their children, top-level roots in order.
-export function index(summaries) {
+// The tree's nodes by id with their children, top-level roots in order,
+// from the pages of its outline (`kinds` bits: 1 residual, 2 failure,
+// 4 consolidated, 8 consolidated root).
+export function index(pages) {
   const byId = new Map();
-  for (const s of summaries) byId.set(s.id, { ...s, kids: [] });
+  for (const p of pages) {
+    for (let i = 0; i < p.ids.length; i++) {
+      const kind = p.kinds[i];
+      byId.set(p.ids[i], {
+        id: p.ids[i], parent: p.parents[i], depth: p.depths[i], success_hits: p.success_hits[i],
+        type: kind & 1 ? 'RESIDUAL' : 'ROOT', label: kind & 2 ? 'FAILURE' : 'SUCCESS',
+        consolidated: (kind & 4) !== 0, consolidated_root: (kind & 8) !== 0, kids: [],
+      });
+    }
+  }
   const roots = [];
   for (const n of byId.values()) {
     const parent = n.parent === null || n.parent === undefined ? null : byId.get(n.parent);
@@ -71,13 +84,16 @@ function countBelow(n) {
   return count;
 }
 
-function nodeSvg(d) {
+// `known`: the node's title and external id, once fetched.
+function nodeSvg(d, known) {
   const n = d.data;
+  const text = known ? known.title : '…';
+  const externalId = known ? known.external_id : null;
   const x = d.y - NODE_W / 2 + COL_W / 2;
   const y = d.x - NODE_H / 2;
   const corner = n.type === 'ROOT' ? 8 : 2;
   const caption = `#${n.id} ${n.type} d${n.depth}${n.success_hits ? ` hits ${n.success_hits}` : ''}`;
-  const title = `${caption} ${n.label}${n.external_id ? ` · ${n.external_id}` : ''}: ${cut(n.title, 300)}`;
+  const title = `${caption} ${n.label}${externalId ? ` · ${externalId}` : ''}: ${cut(text, 300)}`;
   let toggle = '';
   if (n.kids.length > 0) {
     const closed = !d.children;
@@ -88,7 +104,7 @@ function nodeSvg(d) {
     `<title>${escapeXml(title)}</title><rect width="${NODE_W}" height="${NODE_H}" rx="${corner}"/>` +
     (n.consolidated_root ? `<rect class="inner" x="3" y="3" width="${NODE_W - 6}" height="${NODE_H - 6}" rx="${corner - 2}"/>` : '') +
     `<text class="caption" x="6" y="12">${escapeXml(caption)}</text>` +
-    `<text x="6" y="27">${escapeXml(cut(n.title, TITLE_CHARS))}</text>${toggle}</g>`;
+    `<text class="title" x="6" y="27">${escapeXml(cut(text, TITLE_CHARS))}</text>${toggle}</g>`;
 }
 
 // The tree's name where its top-level roots hang, as `draw` shows it.
@@ -129,6 +145,30 @@ class TreeDrawing {
     this.nodes.on('click', (e) => this.click(e));
     this.open = new Set();
     this.focused = null;
+    // Titles and external ids by node id (a node's never change), kept
+    // across refreshes; `loading` is the fetch under way, if any.
+    this.titles = new Map();
+    this.loading = null;
+  }
+
+  // Fetches the titles of labelled nodes not known yet, then paints again.
+  want(nodes) {
+    if (this.loading) return;
+    const ids = nodes.map((d) => d.data.id).filter((id) => !this.titles.has(id));
+    if (ids.length === 0) return;
+    this.loading = summariesOf(ids)
+      .then((found) => { for (const s of found) this.titles.set(s.id, s); })
+      // Not asked again: the drawing keeps its boxes and says why.
+      .catch((error) => { for (const id of ids) this.titles.set(id, { title: `(title not loaded: ${error.message})`, external_id: null }); })
+      .finally(() => {
+        this.loading = null;
+        this.paint();
+      });
+  }
+
+  // Resolves once the titles of the nodes drawn with labels are in.
+  async settled() {
+    while (this.loading) await this.loading;
   }
 
   setModel(model, keepOpen) {
@@ -182,7 +222,8 @@ class TreeDrawing {
     let edges = '';
     for (const d of nodes) if (d.parent) edges += edgePath(d.parent, d);
     this.edges.attr('d', edges);
-    const body = this.compact ? compactSvg(nodes) : nodes.map(nodeSvg).join('');
+    if (!this.compact) this.want(nodes);
+    const body = this.compact ? compactSvg(nodes) : nodes.map((d) => nodeSvg(d, this.titles.get(d.data.id))).join('');
     this.nodes.html(virtualRootSvg(this.layout, this.name) + body);
     this.paintedCount = this.compact ? 0 : nodes.length;
     if (this.focused !== null) this.mark(this.focused);
@@ -272,7 +313,7 @@ export async function render(container, args, state) {
   const name = args[0] && names.includes(args[0]) ? args[0] : names[0];
   const focusId = args[1] !== undefined && args[1] !== '' ? Number(args[1]) : null;
   const started = performance.now();
-  const model = index(await treeSummaries(name));
+  const model = index(await treeOutline(name));
   const results = h('div.search-box');
   const canvas = h('div.canvas-host');
   const info = h('span.muted.tree-info');
@@ -292,11 +333,12 @@ export async function render(container, args, state) {
   drawing.setModel(model, false);
   drawing.draw();
   if (focusId === null || !drawing.focus(focusId)) drawing.fit();
+  await drawing.settled();
   describe();
   container.dataset.renderMs = String(Math.round(performance.now() - started));
   return {
     async refresh() {
-      const fresh = index(await treeSummaries(name));
+      const fresh = index(await treeOutline(name));
       // A new child of a drawn leaf is shown at once: its parent opens.
       for (const n of fresh.byId.values()) {
         const parent = model.byId.get(n.parent);
@@ -306,6 +348,7 @@ export async function render(container, args, state) {
       const transform = zoomTransform(drawing.svg.node());
       drawing.draw();
       drawing.svg.call(drawing.zoom.transform, transform);
+      await drawing.settled();
       Object.assign(model, fresh);
       describe();
     },
