@@ -2,10 +2,11 @@
 //! on stderr, and only when stderr is a terminal and `--quiet` is off, so
 //! pipes, logs and scripts never see a control character.
 
+use std::fmt;
 use std::io::IsTerminal;
 use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{HumanDuration, ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 
 pub struct Progress {
     bar: Option<ProgressBar>,
@@ -24,7 +25,10 @@ impl Progress {
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
         let template = format!("{{spinner}} {{bar:40}} {{human_pos}}/{{human_len}} {what} ({{per_sec}}, eta {{eta}})");
         if let Ok(style) = ProgressStyle::with_template(&template) {
-            bar.set_style(style.progress_chars("=> "));
+            let eta = |state: &ProgressState, w: &mut dyn fmt::Write| {
+                let _ = w.write_str(&eta_text(state.pos(), state.eta()));
+            };
+            bar.set_style(style.progress_chars("=> ").with_key("eta", eta));
         }
         bar.enable_steady_tick(Duration::from_millis(200));
         Progress { bar: Some(bar) }
@@ -70,5 +74,30 @@ impl Drop for Progress {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
+    }
+}
+
+/// The time left as the bar shows it: unknown ("?") until the first unit
+/// is done, since indicatif's estimate is 0 s before it has a rate (a
+/// batch query spends its first pass there).
+fn eta_text(done: u64, eta: Duration) -> String {
+    match done {
+        0 => "?".to_string(),
+        _ => format!("{:#}", HumanDuration(eta)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_estimate_is_shown_before_the_first_unit() {
+        assert_eq!(eta_text(0, Duration::ZERO), "?");
+        assert_eq!(eta_text(0, Duration::from_secs(5)), "?");
+        assert_eq!(
+            eta_text(3, Duration::from_secs(90)),
+            format!("{:#}", HumanDuration(Duration::from_secs(90)))
+        );
     }
 }
