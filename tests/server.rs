@@ -1195,6 +1195,62 @@ fn a_read_only_server_follows_the_writer() {
     drop(writer);
 }
 
+/// A bank directory replaced by another bank at the same manifest
+/// sequence (two banks with the same history of checkpoints) is noticed
+/// by a read-only server: its salt and creation time differ. It used to
+/// go on serving the old bank's view.
+#[test]
+fn a_read_only_server_notices_its_bank_replaced() {
+    use deltamem::{Attach, Bank, Label, NewNode, OpenOptions, Payload};
+    let fill = |path: &Path, count: usize| {
+        let mut writer = Bank::open_dir(path, OpenOptions::default()).unwrap();
+        for i in 0..count {
+            let payload = Payload {
+                scenario: format!("bank of {count}, node {i}"),
+                fields: BTreeMap::new(),
+            };
+            let node = NewNode {
+                tree: "task".into(),
+                attach: Attach::Root,
+                label: Label::Success,
+                payload,
+                embedding: one_hot(i),
+                external_id: None,
+            };
+            writer.insert(node).unwrap();
+        }
+        writer.close().unwrap();
+        let reader = OpenOptions {
+            read_only: true,
+            ..OpenOptions::default()
+        };
+        Bank::open_dir(path, reader).unwrap().manifest().sequence
+    };
+    let (_first_dir, first) = bank(DIM as u32);
+    std::thread::sleep(Duration::from_millis(5));
+    let (_second_dir, second) = bank(DIM as u32);
+    let sequences = (fill(&first, 1), fill(&second, 2));
+    assert_eq!(sequences.0, sequences.1, "the case needs equal sequences");
+    let server = Server::start(&first, &["--read-only"]);
+    assert_eq!(server.get("/v1/bank")["node_count"], 1);
+    assert_eq!(server.get("/v1/trees/task/nodes")["total"], 1);
+    std::fs::rename(&first, first.with_extension("old")).unwrap();
+    std::fs::rename(&second, &first).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while server.get("/v1/bank")["node_count"] != 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replaced bank was never noticed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let page = server.get("/v1/trees/task/nodes");
+    assert_eq!(page["total"], 2, "{page}");
+    assert_eq!(page["nodes"][1]["title"], "bank of 2, node 1");
+    assert_eq!(server.get("/v1/nodes/0")["scenario"], "bank of 2, node 0");
+    assert_eq!(server.terminate(), 0);
+}
+
 /// A batch query's answer is built whole before it is sent, so the
 /// matches it may ask for (embeddings times `k`) are bounded: 1,024
 /// queries at k = 1,000 would otherwise make a ~90 MB answer from a small

@@ -560,7 +560,8 @@ impl Bank {
     }
 
     /// For read-only handles: whether the writer has made anything new
-    /// this handle does not show, a new manifest (a checkpoint) or an
+    /// this handle does not show, a new manifest (a checkpoint, or another
+    /// bank put in its place) or an
     /// intact WAL record after the ones it read. Small reads (the manifest,
     /// a record header where the next record would start, and that record
     /// only when the file holds all of it), so a long-lived reader can ask
@@ -571,7 +572,13 @@ impl Bank {
         if self.writer.is_some() {
             return Ok(false);
         }
-        if read_manifest(self.storage.as_ref())?.sequence != self.manifest.sequence {
+        // Sequence, salt and creation time: another bank put in this one's
+        // place can have reached the same sequence, never the same salt.
+        let on_disk = read_manifest(self.storage.as_ref())?;
+        let seen = &self.manifest;
+        if (on_disk.sequence, on_disk.wal_salt, on_disk.created_unix_ms)
+            != (seen.sequence, seen.wal_salt, seen.created_unix_ms)
+        {
             return Ok(true);
         }
         let desc = self.storage.describe(WAL_FILE);
