@@ -222,6 +222,25 @@ fn the_openapi_document_states_the_banks_bounds() {
         (&json!(1), &json!(1000))
     );
     server.fails("GET", "/v1/search?q=a&limit=1001", None, 400);
+    // Each integer parameter's range is where the server stops refusing:
+    // the bounds themselves are served, one past either is a 400.
+    let range = |path: &str, name: &str| {
+        let params = doc["paths"][path]["get"]["parameters"].as_array().unwrap();
+        let schema = &params.iter().find(|p| p["name"] == name).unwrap()["schema"];
+        (schema["minimum"].as_u64().unwrap(), schema["maximum"].as_u64().unwrap())
+    };
+    for (path, name) in [
+        ("/v1/trees/{tree}/outline", "limit"),
+        ("/v1/trees/{tree}/history", "points"),
+        ("/v1/trees/{tree}/history", "top"),
+    ] {
+        let (low, high) = range(path, name);
+        let url = |value: i64| format!("{}?{name}={value}", path.replace("{tree}", "env"));
+        server.get(&url(low as i64));
+        server.get(&url(high as i64));
+        assert_eq!(server.fails("GET", &url(low as i64 - 1), None, 400)["field"], name);
+        assert_eq!(server.fails("GET", &url(high as i64 + 1), None, 400)["field"], name);
+    }
     let eps_max = schemas["TreeQuery"]["properties"]["eps"]["maximum"].as_f64();
     assert_eq!(eps_max.map(|m| m as f32), Some(f32::MAX));
     assert!(doc["paths"]["/v1/nodes"]["post"]["responses"]["415"].is_object());

@@ -272,19 +272,13 @@ pub fn document(bounds: &Bounds) -> Value {
             .iter()
             .map(|&(name, place, kind)| {
                 let mut param = json!({"name": name, "in": place, "required": place == "path" || name == "q", "schema": {"type": kind}});
-                // A tree (in a path or a query) is one of the bank's; a
-                // page has at most `page_items`; an offset is a u32.
-                match (name, place) {
-                    ("tree", _) => param["schema"]["enum"] = json!(bounds.trees),
-                    ("limit", "query") => {
-                        param["schema"]["minimum"] = json!(1);
-                        param["schema"]["maximum"] = json!(bounds.page_items);
-                    }
-                    ("offset", "query") => {
-                        param["schema"]["minimum"] = json!(0);
-                        param["schema"]["maximum"] = json!(u32::MAX);
-                    }
-                    _ => {}
+                // A tree (in a path or a query) is one of the bank's.
+                if name == "tree" {
+                    param["schema"]["enum"] = json!(bounds.trees);
+                }
+                if let Some((low, high)) = (place == "query").then(|| query_range(o.path, name, bounds)).flatten() {
+                    param["schema"]["minimum"] = json!(low);
+                    param["schema"]["maximum"] = json!(high);
                 }
                 if (name, place, kind) == PROFILE {
                     param["schema"]["enum"] = json!(profile_names());
@@ -316,6 +310,20 @@ pub fn document(bounds: &Bounds) -> Value {
         },
         "security": [{"bearer": []}, {}]
     })
+}
+
+/// The range the server accepts for an integer query parameter: a page
+/// has at most `page_items` (an outline page `OUTLINE_PAGE_MAX`), a history
+/// at most `page_items` samples and top nodes, an offset is a u32.
+fn query_range(path: &str, name: &str, bounds: &Bounds) -> Option<(u64, u64)> {
+    let page_items = bounds.page_items as u64;
+    match name {
+        "limit" if path.ends_with("/outline") => Some((1, u64::from(super::outline::OUTLINE_PAGE_MAX))),
+        "limit" | "points" => Some((1, page_items)),
+        "top" => Some((0, page_items)),
+        "offset" => Some((0, u64::from(u32::MAX))),
+        _ => None,
+    }
 }
 
 /// Every embedding holds exactly `dim` finite f32s, not all zero (as an
