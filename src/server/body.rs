@@ -212,8 +212,9 @@ pub struct HistoryOut {
     pub consolidations: u32,
     /// The newest of them, at most `points`, oldest first.
     pub consolidation_marks: Vec<HistoryMark>,
-    /// The nodes with the most success hits (ties: lower id first), at
-    /// most `top`; nodes without a hit are left out.
+    /// The nodes with the most success hits at the pass (ties: lower id
+    /// first), at most `top`, ordered by the counts they show (a hit
+    /// counted since may have moved one); nodes without a hit are left out.
     pub top_hits: Vec<NodeSummary>,
 }
 
@@ -255,10 +256,13 @@ pub struct BankInfo {
     pub read_only: bool,
     /// Whether /v1/retrieve and /v1/record are served.
     pub agent: bool,
+    /// Most items one batch request may hold (`--max-batch`): nodes,
+    /// query embeddings, ids.
+    pub max_batch: usize,
 }
 
 impl BankInfo {
-    pub fn new(bank: &Bank, read_only: bool) -> BankInfo {
+    pub fn new(bank: &Bank, read_only: bool, max_batch: usize) -> BankInfo {
         let m = bank.manifest();
         BankInfo {
             dim: bank.dim_count(),
@@ -277,6 +281,7 @@ impl BankInfo {
             node_count: bank.node_count(),
             read_only,
             agent: cfg!(feature = "agent"),
+            max_batch,
         }
     }
 }

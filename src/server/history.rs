@@ -67,11 +67,14 @@ pub async fn history(
             let undated = tally.undated;
             let (growth, consolidations, marks, top_ids) = tally.finish(points, top);
             let bank = core.read()?;
-            let top_hits = top_ids
+            let mut top_hits: Vec<NodeSummary> = top_ids
                 .into_iter()
                 .map(|id| NodeSummary::new(&bank, id))
                 .collect::<Result<_, _>>()
                 .map_err(bank_error)?;
+            // Hits counted since the pass are in the summaries: ordered by
+            // what they show.
+            top_hits.sort_by_key(|n| (Reverse(n.success_hits), n.id));
             Ok(Json(HistoryOut {
                 nodes: ids.len() as u32,
                 undated,

@@ -113,9 +113,9 @@ async fn metrics(State(state): State<AppState>) -> ApiResult<Response> {
 }
 
 async fn bank_info(State(state): State<AppState>) -> ApiResult<Json<BankInfo>> {
-    let read_only = state.core.read_only();
+    let (read_only, max_batch) = (state.core.read_only(), state.limits.batch_items);
     state
-        .blocking(move |core| Ok(Json(BankInfo::new(&*core.read()?, read_only))))
+        .blocking(move |core| Ok(Json(BankInfo::new(&*core.read()?, read_only, max_batch))))
         .await
 }
 

@@ -55,21 +55,27 @@ test('overview shows every tree with the counts of `stats --json`', async () => 
   await page.screenshot({ path: screenshotPath('overview') });
 });
 
+const drawnNodes = () => page.$$eval('.tree-canvas .node', (els) => els.map((e) => ({
+  id: Number(e.dataset.id), cls: e.getAttribute('class'), text: e.querySelector('text.title').textContent,
+})));
+
+// Titles are fetched after the outline, for the nodes drawn with labels:
+// each shows the start of its activation condition or scenario.
+function titlesShown(drawn, expected) {
+  for (const n of expected) {
+    const full = (n.payload.activation_condition || n.scenario).replace(/\s+/g, ' ').trim();
+    const text = drawn.find((d) => d.id === n.id).text;
+    if (full.length <= 34) assert.equal(text, full, `node ${n.id} title`);
+    else assert.ok(text.endsWith('…') && full.startsWith(text.slice(0, -1)) && text.length === 34, `node ${n.id} title: ${text}`);
+  }
+}
+
 test('the tree view draws one element per node, styled by kind', async () => {
   for (const tree of ['task', 'env']) {
     await open(`tree/${tree}`);
-    const drawn = await page.$$eval('.tree-canvas .node', (els) => els.map((e) => ({
-      id: Number(e.dataset.id), cls: e.getAttribute('class'), text: e.querySelector('text.title').textContent,
-    })));
+    const drawn = await drawnNodes();
     const expected = inTree(tree);
-    // Titles are fetched after the outline, for the nodes drawn with
-    // labels: each shows the start of its activation condition or scenario.
-    for (const n of expected) {
-      const full = (n.payload.activation_condition || n.scenario).replace(/\s+/g, ' ').trim();
-      const text = drawn.find((d) => d.id === n.id).text;
-      if (full.length <= 34) assert.equal(text, full, `node ${n.id} title`);
-      else assert.ok(text.endsWith('…') && full.startsWith(text.slice(0, -1)) && text.length === 34, `node ${n.id} title: ${text}`);
-    }
+    titlesShown(drawn, expected);
     assert.deepEqual(drawn.map((d) => d.id).sort((a, b) => a - b), expected.map((n) => n.id).sort((a, b) => a - b));
     for (const n of expected) {
       const cls = drawn.find((d) => d.id === n.id).cls.split(' ');
@@ -79,6 +85,19 @@ test('the tree view draws one element per node, styled by kind', async () => {
       assert.equal(cls.includes('consolidated-root'), n.consolidated_root, `node ${n.id} consolidated-root class`);
     }
     await page.screenshot({ path: screenshotPath(`tree-${tree}`) });
+  }
+});
+
+// The titles are asked for in batches no larger than the server allows.
+test('titles load from a server whose batch limit is small', async () => {
+  const small = await startServer(bank.bank, ['--read-only', '--max-batch', '3']);
+  try {
+    await page.goto('about:blank');
+    await page.goto(`${small.url}#/tree/task`);
+    await ready(page);
+    titlesShown(await drawnNodes(), inTree('task'));
+  } finally {
+    await small.stop();
   }
 });
 

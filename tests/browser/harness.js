@@ -73,8 +73,8 @@ export function buildAgentBank() {
 // Starts `deltamem serve` and resolves with its base URL once /healthz
 // answers. The server prints the address it listens on (port 0 asks
 // the system for a free one).
-export async function startServer(bank) {
-  const child = spawn(DELTAMEM, ['serve', bank, '--listen', '127.0.0.1:0'], { stdio: ['ignore', 'pipe', 'pipe'], cwd: REPO });
+export async function startServer(bank, extra = []) {
+  const child = spawn(DELTAMEM, ['serve', bank, '--listen', '127.0.0.1:0', ...extra], { stdio: ['ignore', 'pipe', 'pipe'], cwd: REPO });
   let output = '';
   const url = await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`deltamem serve printed no URL in ${SERVER_START_MS} ms:\n${output}`)), SERVER_START_MS);

@@ -22,7 +22,8 @@ async function call(method, path, body) {
 }
 
 const enc = encodeURIComponent;
-// Ids per `/v1/summaries` request (the server's batch limit is 1024).
+// Most ids per `/v1/summaries` request (fewer if the server's batch
+// limit is lower).
 const SUMMARY_BATCH = 500;
 // Outline pages asked for at once after the first.
 const PAGE_CONCURRENCY = 2;
@@ -62,11 +63,20 @@ export async function treeOutline(tree) {
   return [first, ...pages];
 }
 
-// Summaries (titles, external ids) of the nodes named, a batch at a time.
-export async function summariesOf(ids) {
-  const out = [];
-  for (let at = 0; at < ids.length; at += SUMMARY_BATCH) {
-    out.push(...(await api.summaries(ids.slice(at, at + SUMMARY_BATCH))).nodes);
+// Summaries (titles, external ids) of the nodes named, in requests of at
+// most `maxBatch` ids (the server's `max_batch`, from /v1/bank). A batch
+// that fails leaves the others' answers: each id maps to its summary or
+// to the error of its batch.
+export async function summariesOf(ids, maxBatch) {
+  const batch = Math.max(1, Math.min(SUMMARY_BATCH, maxBatch || SUMMARY_BATCH));
+  const out = new Map();
+  for (let at = 0; at < ids.length; at += batch) {
+    const part = ids.slice(at, at + batch);
+    try {
+      for (const s of (await api.summaries(part)).nodes) out.set(s.id, s);
+    } catch (error) {
+      for (const id of part) out.set(id, error);
+    }
   }
   return out;
 }

@@ -23,6 +23,8 @@ const INITIAL_VISIBLE = 12000;
 // above LABELLED_MAX in view, they are drawn as boxes without text.
 const WINDOW_FROM = 1500;
 const LABELLED_MAX = 1200;
+// Titles kept at most (a few hundred bytes each) while the view pans.
+const TITLES_KEPT = 20000;
 
 const escapeXml = (text) => String(text).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 const cut = (text, n) => {
@@ -84,11 +86,13 @@ function countBelow(n) {
   return count;
 }
 
-// `known`: the node's title and external id, once fetched.
+// `known`: the node's summary (title, external id) once fetched, or the
+// error that kept it from being fetched.
 function nodeSvg(d, known) {
   const n = d.data;
-  const text = known ? known.title : '…';
-  const externalId = known ? known.external_id : null;
+  const failed = known instanceof Error;
+  const text = known === undefined ? '…' : failed ? `(title not loaded: ${known.message})` : known.title;
+  const externalId = known && !failed ? known.external_id : null;
   const x = d.y - NODE_W / 2 + COL_W / 2;
   const y = d.x - NODE_H / 2;
   const corner = n.type === 'ROOT' ? 8 : 2;
@@ -133,7 +137,7 @@ function compactSvg(nodes) {
 }
 
 class TreeDrawing {
-  constructor(host, name, onOpen) {
+  constructor(host, name, onOpen, maxBatch) {
     this.name = name;
     this.onOpen = onOpen;
     this.svg = select(host).append('svg').attr('class', 'tree-canvas');
@@ -145,10 +149,13 @@ class TreeDrawing {
     this.nodes.on('click', (e) => this.click(e));
     this.open = new Set();
     this.focused = null;
-    // Titles and external ids by node id (a node's never change), kept
-    // across refreshes; `loading` is the fetch under way, if any.
+    // Summaries (or the error of their fetch) by node id, for the nodes
+    // drawn with labels; emptied at each refresh (an error is then asked
+    // again, and a read-only server may have moved to another bank) and
+    // when it outgrows TITLES_KEPT. `loading` is the fetch under way.
     this.titles = new Map();
     this.loading = null;
+    this.maxBatch = maxBatch;
   }
 
   // Fetches the titles of labelled nodes not known yet, then paints again.
@@ -156,10 +163,11 @@ class TreeDrawing {
     if (this.loading) return;
     const ids = nodes.map((d) => d.data.id).filter((id) => !this.titles.has(id));
     if (ids.length === 0) return;
-    this.loading = summariesOf(ids)
-      .then((found) => { for (const s of found) this.titles.set(s.id, s); })
-      // Not asked again: the drawing keeps its boxes and says why.
-      .catch((error) => { for (const id of ids) this.titles.set(id, { title: `(title not loaded: ${error.message})`, external_id: null }); })
+    if (this.titles.size + ids.length > TITLES_KEPT) this.titles.clear();
+    // A failed id keeps its error until the next refresh: not asked again
+    // at every paint.
+    this.loading = summariesOf(ids, this.maxBatch)
+      .then((found) => { for (const id of ids) this.titles.set(id, found.get(id) ?? new Error('the server sent none')); })
       .finally(() => {
         this.loading = null;
         this.paint();
@@ -317,7 +325,7 @@ export async function render(container, args, state) {
   const results = h('div.search-box');
   const canvas = h('div.canvas-host');
   const info = h('span.muted.tree-info');
-  const drawing = new TreeDrawing(canvas, name, (id) => { location.hash = `#/node/${id}`; });
+  const drawing = new TreeDrawing(canvas, name, (id) => { location.hash = `#/node/${id}`; }, state.bank.max_batch);
   const tabs = h('div.tabs', {}, names.map((n) => h(`a${n === name ? '.active' : ''}`, { href: `#/tree/${encodeURIComponent(n)}` }, n)));
   const tools = h('div.tools', {},
     h('button', { type: 'button', onclick: () => drawing.setAll(true) }, 'Expand all'),
@@ -345,6 +353,7 @@ export async function render(container, args, state) {
         if (!model.byId.has(n.id) && parent && parent.kids.length === 0) drawing.open.add(parent.id);
       }
       drawing.setModel(fresh, true);
+      drawing.titles.clear();
       const transform = zoomTransform(drawing.svg.node());
       drawing.draw();
       drawing.svg.call(drawing.zoom.transform, transform);
