@@ -1290,6 +1290,17 @@ fn a_batch_query_asking_for_too_many_matches_is_refused_by_k() {
     assert_eq!(server.terminate(), 0);
 }
 
+/// Two unsigned fields of each object of a JSON array.
+fn pairs(items: &Value, a: &str, b: &str) -> Vec<(u64, u64)> {
+    let field = |item: &Value, name: &str| item[name].as_u64().unwrap_or_else(|| panic!("{name} in {item}"));
+    items
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| (field(item, a), field(item, b)))
+        .collect()
+}
+
 /// A tree's history, aggregated by the server, against a model built from
 /// its dump: the growth curve counts every node created up to each sample
 /// (thinned or not), the consolidations and the most-hit nodes are those
@@ -1362,12 +1373,7 @@ fn a_trees_history_matches_its_dump() {
         let history = server.get(&format!("/v1/trees/task/history?points={points}&top=3"));
         assert_eq!(history["nodes"].as_u64(), Some(model.len() as u64));
         assert_eq!(history["undated"], 0);
-        let growth: Vec<(u64, u64)> = history["growth"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| (p["t_ms"].as_u64().unwrap(), p["nodes"].as_u64().unwrap()))
-            .collect();
+        let growth = pairs(&history["growth"], "t_ms", "nodes");
         assert_eq!(growth.len(), points.min(distinct.len()), "{history}");
         assert!(growth.windows(2).all(|w| w[0].0 < w[1].0), "{history}");
         assert!(growth.iter().all(|&(t, n)| n == count_to(t)), "{history}");
@@ -1394,20 +1400,12 @@ fn a_trees_history_matches_its_dump() {
         (marks.len(), marks[0]["id"].as_u64(), marks[0]["created_at_ms"].as_u64()),
         (1, Some(roots[1].1), Some(roots[1].0))
     );
-    let mut hit: Vec<(u64, u64)> = model
-        .iter()
-        .map(|n| (n["success_hits"].as_u64().unwrap(), n["id"].as_u64().unwrap()))
-        .filter(|&(hits, _)| hits > 0)
-        .collect();
+    let mut hit = pairs(&json!(model), "success_hits", "id");
+    hit.retain(|&(hits, _)| hits > 0);
     hit.sort_unstable_by_key(|&(hits, id)| (std::cmp::Reverse(hits), id));
     for top in [0, 3, 1000] {
         let history = server.get(&format!("/v1/trees/task/history?top={top}"));
-        let shown: Vec<(u64, u64)> = history["top_hits"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|n| (n["success_hits"].as_u64().unwrap(), n["id"].as_u64().unwrap()))
-            .collect();
+        let shown = pairs(&history["top_hits"], "success_hits", "id");
         assert_eq!(shown, hit.iter().copied().take(top).collect::<Vec<_>>());
     }
     let env = server.get("/v1/trees/env/history");

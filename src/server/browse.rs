@@ -63,16 +63,8 @@ pub async fn tree_nodes(
     }
     state
         .blocking(move |core| {
+            let (page, total) = tree_page(core, &tree, params.offset, limit)?;
             let bank = core.read()?;
-            let wanted = bank.tree_index(&tree).map_err(bank_error("tree"))?;
-            let (page, total): (Vec<u32>, u32) = {
-                let index = core.tree_index(&bank, "tree")?;
-                let all = index.tree(wanted);
-                let start = (params.offset as usize).min(all.len());
-                let end = start.saturating_add(limit as usize).min(all.len());
-                let page = all[start..end].to_vec();
-                (page, all.len() as u32)
-            };
             let nodes = page
                 .into_iter()
                 .map(|i| NodeSummary::new(&bank, i))
@@ -81,6 +73,18 @@ pub async fn tree_nodes(
             Ok(Json(NodePage { total, nodes }))
         })
         .await
+}
+
+/// The indexes of the tree's nodes from position `offset` (at most
+/// `limit`), and how many nodes the tree holds.
+pub fn tree_page(core: &super::core::Core, tree: &str, offset: u32, limit: u32) -> ApiResult<(Vec<u32>, u32)> {
+    let bank = core.read()?;
+    let wanted = bank.tree_index(tree).map_err(bank_error("tree"))?;
+    let index = core.tree_index(&bank, "tree")?;
+    let all = index.tree(wanted);
+    let start = (offset as usize).min(all.len());
+    let end = start.saturating_add(limit as usize).min(all.len());
+    Ok((all[start..end].to_vec(), all.len() as u32))
 }
 
 /// The tree's nodes as JSON Lines, streamed a chunk at a time: each chunk

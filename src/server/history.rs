@@ -13,6 +13,7 @@ use axum::extract::{Path, Query, State};
 use serde::Deserialize;
 
 use super::body::{GrowthPoint, HistoryMark, HistoryOut, NodeSummary};
+use super::browse::tree_page;
 use super::error::{ApiError, ApiResult};
 use super::http::{AppState, time_limit};
 use super::routes::{query_params, tree_name};
@@ -49,11 +50,7 @@ pub async fn history(
     let bank_error = |e| ApiError::from_bank(e, "tree");
     state
         .blocking_until(move |core, deadline| {
-            let ids: Vec<u32> = {
-                let bank = core.read()?;
-                let wanted = bank.tree_index(&tree).map_err(bank_error)?;
-                core.tree_index(&bank, "tree")?.tree(wanted).to_vec()
-            };
+            let (ids, _) = tree_page(core, &tree, 0, u32::MAX)?;
             let mut tally = Tally::default();
             for slice in ids.chunks(HOLD_ROWS) {
                 if Instant::now() > deadline {

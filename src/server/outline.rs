@@ -12,6 +12,7 @@ use axum::extract::{Path, Query, State};
 use serde::Deserialize;
 
 use super::body::{NodeList, NodeSummary, OutlineOut, SummariesRequest};
+use super::browse::tree_page;
 use super::error::{ApiError, ApiResult};
 use super::history::HOLD_ROWS;
 use super::http::{AppState, JsonBody, time_limit};
@@ -47,15 +48,7 @@ pub async fn outline(
     let bank_error = |e| ApiError::from_bank(e, "tree");
     state
         .blocking_until(move |core, deadline| {
-            let (page, total) = {
-                let bank = core.read()?;
-                let wanted = bank.tree_index(&tree).map_err(bank_error)?;
-                let index = core.tree_index(&bank, "tree")?;
-                let all = index.tree(wanted);
-                let start = (params.offset as usize).min(all.len());
-                let end = start.saturating_add(limit as usize).min(all.len());
-                (all[start..end].to_vec(), all.len() as u32)
-            };
+            let (page, total) = tree_page(core, &tree, params.offset, limit)?;
             let mut out = OutlineOut {
                 total,
                 offset: params.offset.min(total),
