@@ -1,8 +1,8 @@
 //! `GET /v1/trees/{tree}/history`: a tree's growth curve, its
 //! consolidations and its most-hit nodes, aggregated from the node table
 //! in one pass. The explorer's history view drew these from every node
-//! summary of the tree: at 1M nodes that was 1,000 pages, 12 s and a
-//! 0.9 GB JavaScript heap; this answer is a few hundred samples.
+//! summary of the tree: at 1M nodes that was 1,000 pages, 6-12 s and
+//! 0.4-0.9 GB of JavaScript heap; this answer is a few hundred samples.
 
 use std::cmp::Reverse;
 use std::time::Instant;
