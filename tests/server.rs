@@ -1530,6 +1530,19 @@ fn a_trees_outline_and_chosen_summaries_match_the_dump() {
     assert_eq!(e["field"], "ids", "{e}");
     let many = json!({"ids": vec![0; 1025]}).to_string();
     assert_eq!(server.fails("POST", "/v1/summaries", Some(&many), 400)["field"], "ids");
+    // Past the cap of any batch, ids are refused while they are parsed.
+    for path in ["/v1/summaries", "/v1/retrievals"] {
+        let over_cap = json!({"ids": vec![0; 65_537]}).to_string();
+        let e = server.fails("POST", path, Some(&over_cap), 400);
+        assert_eq!(e["field"], "ids", "{e}");
+        assert!(e["error"].as_str().unwrap().contains("more than 65536 ids"), "{e}");
+    }
+    let too_large = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+        .args(["serve", path.to_str().unwrap(), "--max-batch", "65537"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(refusal(too_large).contains("--max-batch"));
     server.fails("POST", "/v1/summaries", Some(r#"{"ids":[0],"title":true}"#), 400);
     assert_eq!(server.terminate(), 0);
 }

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use deltamem::server::body::BATCH_ITEMS_CAP;
 
 use super::Status;
 use super::insert::SyncArg;
@@ -31,9 +32,9 @@ pub struct ServeArgs {
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = 16 * 1024 * 1024)]
     max_body_bytes: usize,
-    /// Most items in one batch request.
-    #[arg(long, default_value_t = 1024)]
-    max_batch: usize,
+    /// Most items in one batch request (at most 65,536).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=BATCH_ITEMS_CAP as u64))]
+    max_batch: u64,
     /// Longest time to receive a body or answer a read, in ms.
     #[arg(long, default_value_t = 30_000)]
     request_timeout_ms: u64,
@@ -91,7 +92,7 @@ pub fn serve(args: ServeArgs, quiet: bool) -> anyhow::Result<Status> {
         on_lock_wait: (!quiet).then_some(say_waiting),
         limits: deltamem::server::Limits {
             body_bytes: args.max_body_bytes,
-            batch_items: args.max_batch,
+            batch_items: args.max_batch as usize,
             request_ms: args.request_timeout_ms,
             dumps: args.max_dumps.max(1),
             ..Default::default()

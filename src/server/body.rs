@@ -78,10 +78,41 @@ pub struct AcksOut {
     pub acks: Vec<InsertReply>,
 }
 
+/// The most items a batch may hold, whatever `--max-batch` says. A list of
+/// ids is refused as it is parsed once it passes this: 16 MiB of `0,`
+/// would otherwise be built into 8M ids (about 256 MB) before the batch
+/// limit is checked.
+pub const BATCH_ITEMS_CAP: usize = 1 << 16;
+
+fn bounded_ids<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<NodeRefJson>, D::Error> {
+    struct Ids;
+    impl<'de> serde::de::Visitor<'de> for Ids {
+        type Value = Vec<NodeRefJson>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "an array of at most {BATCH_ITEMS_CAP} node ids")
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut ids = Vec::new();
+            // Bounded: at most BATCH_ITEMS_CAP + 1 steps.
+            while let Some(id) = seq.next_element()? {
+                if ids.len() == BATCH_ITEMS_CAP {
+                    return Err(serde::de::Error::custom(format!("more than {BATCH_ITEMS_CAP} ids")));
+                }
+                ids.push(id);
+            }
+            Ok(ids)
+        }
+    }
+    d.deserialize_seq(Ids)
+}
+
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RetrievalsRequest {
     /// The nodes of a chain that was used (each counted once).
+    #[serde(deserialize_with = "bounded_ids")]
     pub ids: Vec<NodeRefJson>,
 }
 
@@ -192,6 +223,7 @@ pub struct OutlineOut {
 #[serde(deny_unknown_fields)]
 pub struct SummariesRequest {
     /// The nodes wanted, by index or external id.
+    #[serde(deserialize_with = "bounded_ids")]
     pub ids: Vec<NodeRefJson>,
 }
 
