@@ -705,7 +705,14 @@ fn size(files: &[String]) {
                 .clone()
                 .filter(|n| n == "task" || n == "env")
                 .unwrap_or(name.to_string());
-            import_tree(&mut bank, &name, tree, &ImportOptions::default(), &mut |_, _| {}).unwrap();
+            import_tree(
+                &mut bank,
+                &name,
+                tree.clone(),
+                &ImportOptions::default(),
+                &mut |_, _| {},
+            )
+            .unwrap();
         }
         bank.checkpoint().unwrap();
         let s = bank.stats().unwrap();

@@ -32,7 +32,7 @@ pub fn import_reference(
         max_batch_nodes: batch,
     };
     bank.write(py, |b| {
-        let report = reference::import_tree(b, tree, &source, &options, &mut |_, _| {})?;
+        let report = reference::import_tree(b, tree, source, &options, &mut |_, _| {})?;
         Ok(report.ids)
     })
 }

@@ -80,7 +80,7 @@ fn run_reference(args: &ImportArgs, file: &Path, quiet: bool) -> anyhow::Result<
         max_batch_nodes: args.batch as usize,
     };
     let ((report, acks), status) = with_writer(&args.bank, args.sync, |bank| {
-        let report = reference::import_tree(bank, &args.tree, &source, &options, &mut |done, _| progress.set(done))?;
+        let report = reference::import_tree(bank, &args.tree, source, &options, &mut |done, _| progress.set(done))?;
         let mut acks = Vec::with_capacity(report.ids.len());
         for &id in &report.ids {
             let row = bank.row(id).with_context(|| format!("node {id}"))?;

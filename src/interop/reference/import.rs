@@ -53,24 +53,30 @@ const BATCH_OPS_BUDGET: usize = 60_000;
 /// Each node carries its counters, flags and creation time
 /// ([`Change::Import`]), so a batch is one atomic write and a node that was
 /// consolidated in the source tree is not matched by scans here either.
+/// The tree is taken by value: its vectors and payloads become the writes.
 pub fn import_tree(
     bank: &mut Bank,
     tree: &str,
-    source: &ReferenceTree,
+    mut source: ReferenceTree,
     options: &ImportOptions,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ImportReport, InteropError> {
-    let mut notes = check(bank, tree, source)?;
+    let mut notes = check(bank, tree, &source)?;
     notes.extend(source.notes.iter().cloned());
     let base = bank.node_count();
-    let payloads: Vec<Payload> = source.nodes.iter().map(stored_payload).collect();
-    let sizes: Vec<usize> = payloads.iter().map(Payload::size_bytes).collect();
+    // Each node's vector and payload move into its change (the tree keeps
+    // what messages name): one copy of the file's data, not two.
+    let mut sizes = Vec::with_capacity(source.nodes.len());
     let changes: Vec<Change> = source
         .nodes
-        .iter()
-        .zip(payloads)
-        .map(|(node, payload)| Change::Import(new_node(tree, base, node, payload), imported_state(node)))
+        .iter_mut()
+        .map(|node| {
+            let new = new_node(tree, base, node);
+            sizes.push(new.payload.size_bytes());
+            Change::Import(new, imported_state(node))
+        })
         .collect();
+    let source = &source;
     // The whole file through the bank's own rules before anything is
     // written: a refusal leaves the bank as it was, so a fixed file can be
     // imported again.
@@ -211,10 +217,11 @@ fn check_placeholders(bank: &Bank, source: &ReferenceTree) -> Result<(), Interop
     Ok(())
 }
 
-/// The payload as stored: the file's fields plus `reference_meta`.
-fn stored_payload(node: &ReferenceNode) -> Payload {
-    let meta: serde_json::Map<String, Value> = node.extra_meta.clone().into_iter().collect();
-    let mut payload = node.payload.clone();
+/// The payload as stored: the file's fields plus `reference_meta` (taken
+/// from the node).
+fn stored_payload(node: &mut ReferenceNode) -> Payload {
+    let meta: serde_json::Map<String, Value> = std::mem::take(&mut node.extra_meta).into_iter().collect();
+    let mut payload = std::mem::take(&mut node.payload);
     if !meta.is_empty() {
         payload
             .fields
@@ -223,7 +230,8 @@ fn stored_payload(node: &ReferenceNode) -> Payload {
     payload
 }
 
-fn new_node(tree: &str, base: u32, node: &ReferenceNode, payload: Payload) -> NewNode {
+/// The node's insert, its vector and payload taken from it.
+fn new_node(tree: &str, base: u32, node: &mut ReferenceNode) -> NewNode {
     // Parents come first, and we hold the writer lock, so the parent's
     // index is known before the batch is written.
     let attach = match node.parent {
@@ -234,8 +242,8 @@ fn new_node(tree: &str, base: u32, node: &ReferenceNode, payload: Payload) -> Ne
         tree: tree.to_string(),
         attach,
         label: node.label,
-        payload,
-        embedding: node.embedding.clone(),
+        payload: stored_payload(node),
+        embedding: std::mem::take(&mut node.embedding),
         external_id: Some(node.node_id.clone()),
     }
 }
