@@ -2,8 +2,9 @@
 //! here touches a bank: every problem a file can have is found before the
 //! import writes anything.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io::Read;
 use std::path::Path;
 
 use serde_json::{Map, Value};
@@ -70,13 +71,55 @@ impl ReferenceTree {
 /// 351 MB file peaked at 1.16 GB of heap when both were).
 pub fn read_reference(path: &Path) -> Result<ReferenceTree, InteropError> {
     let file = std::fs::File::open(path).map_err(InteropError::io("read", path))?;
-    let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::with_capacity(1 << 20, file));
+    let read_bytes = Cell::new(0u64);
+    let counted = Counted {
+        file,
+        read_bytes: &read_bytes,
+    };
+    let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::with_capacity(1 << 20, counted));
     let name = path.display().to_string();
     match keys::parse_document(&mut de) {
         Ok(doc) => build(doc, &name),
         Err(e) if e.is_io() => Err(InteropError::io("read", path)(std::io::Error::other(e))),
-        Err(e) => Err(json_error(e, &name)),
+        Err(e) => Err(placed_as_in_memory(path, read_bytes.get(), &name).unwrap_or_else(|| json_error(e, &name))),
     }
+}
+
+/// A file that counts the bytes read from it.
+struct Counted<'a> {
+    file: std::fs::File,
+    read_bytes: &'a Cell<u64>,
+}
+
+impl Read for Counted<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read(buf)?;
+        self.read_bytes.set(self.read_bytes.get() + n as u64);
+        Ok(n)
+    }
+}
+
+/// Largest prefix of a file parsed again to place its error.
+const REPARSE_MAX_BYTES: u64 = 256 << 20;
+
+/// serde_json places two errors one byte later when it reads a stream
+/// than when it reads memory: a repeated key (at the `:` after it, not at
+/// its closing quote) and a number out of range (past the byte after it:
+/// the next line, when the number ends one). On this failure path only,
+/// the bytes read up to the error are parsed again from memory (a regular
+/// file, at most `REPARSE_MAX_BYTES`), so an error reads the same however
+/// the file was parsed. None if that parse finds no error but the end of
+/// its bytes.
+fn placed_as_in_memory(path: &Path, read_bytes: u64, name: &str) -> Option<InteropError> {
+    let regular = std::fs::metadata(path).ok()?.is_file();
+    if !regular || read_bytes > REPARSE_MAX_BYTES {
+        return None;
+    }
+    let mut prefix = Vec::with_capacity(read_bytes as usize);
+    let file = std::fs::File::open(path).ok()?;
+    file.take(read_bytes).read_to_end(&mut prefix).ok()?;
+    let e = keys::parse_document(&mut serde_json::Deserializer::from_slice(&prefix)).err()?;
+    (!e.is_eof()).then(|| json_error(e, name))
 }
 
 /// Parses a reference document; `file` names it in messages.
@@ -525,5 +568,32 @@ impl Ctx<'_> {
                 .insert(REFERENCE_PAYLOAD_FIELD.into(), Value::Object(odd).to_string());
         }
         Ok(legacy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file's error reads as the same document's in memory, for the two
+    /// errors serde_json places differently when it reads a stream.
+    #[test]
+    fn a_files_error_is_placed_as_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tree.json");
+        let name = path.display().to_string();
+        for text in [
+            r#"{"a":1,"a":2}"#,
+            "{\"a\":1,\"a\"\n:2}",
+            "{\"nodes\":[{\"index\":{\"embedding\":[1],\"embedding\":[2]}}]}",
+            "{\"nodes\":[{\"index\":{\"embedding\":[\n  0.5,\n  1e400\n]}}]}",
+            "[1e400]",
+            "{\"nodes\": [1,",
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let from_file = read_reference(&path).unwrap_err().to_string();
+            let in_memory = parse_reference(text.as_bytes(), &name).unwrap_err().to_string();
+            assert_eq!(from_file, in_memory, "{text}");
+        }
     }
 }
