@@ -87,6 +87,41 @@ pub fn tree_page(core: &super::core::Core, tree: &str, offset: u32, limit: u32) 
     Ok((all[start..end].to_vec(), all.len() as u32))
 }
 
+/// Rows a pass over a tree reads under one hold of the shared lock: a
+/// write waits for one slice (about 2 ms), not the whole pass.
+const HOLD_ROWS: usize = 1 << 14;
+
+/// Calls `visit` with each of `ids` and its row, read a slice per hold of
+/// the shared lock; a 503 once past `deadline` (`request_ms` names it).
+pub fn visit_rows(
+    core: &super::core::Core,
+    ids: &[u32],
+    (deadline, request_ms): (std::time::Instant, u64),
+    mut visit: impl FnMut(u32, &crate::format::row::Row),
+) -> ApiResult<()> {
+    for slice in ids.chunks(HOLD_ROWS) {
+        if std::time::Instant::now() > deadline {
+            return Err(super::http::time_limit(request_ms));
+        }
+        let bank = core.read_hold()?;
+        for &id in slice {
+            visit(id, &bank.row(id).map_err(bank_error("tree"))?);
+        }
+    }
+    Ok(())
+}
+
+/// `value` of query parameter `field` if within `low..=high`, else a 400.
+pub fn within(field: &'static str, value: usize, low: usize, high: usize) -> ApiResult<usize> {
+    match (low..=high).contains(&value) {
+        true => Ok(value),
+        false => Err(ApiError::bad_field(
+            field,
+            format!("{field} must be in {low}..={high}, got {value}"),
+        )),
+    }
+}
+
 /// The tree's nodes as JSON Lines, streamed a chunk at a time: each chunk
 /// is read (under the shared lock, on the blocking pool) only when the
 /// connection has taken the one before, so a client that reads slowly

@@ -5,7 +5,6 @@
 //! 0.4-0.9 GB of JavaScript heap; this answer is a few hundred samples.
 
 use std::cmp::Reverse;
-use std::time::Instant;
 
 use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -13,9 +12,9 @@ use axum::extract::{Path, Query, State};
 use serde::Deserialize;
 
 use super::body::{GrowthPoint, HistoryMark, HistoryOut, NodeSummary};
-use super::browse::tree_page;
+use super::browse::{tree_page, visit_rows, within};
 use super::error::{ApiError, ApiResult};
-use super::http::{AppState, time_limit};
+use super::http::AppState;
 use super::routes::{query_params, tree_name};
 use crate::format::row::Row;
 
@@ -23,9 +22,6 @@ use crate::format::row::Row;
 const POINTS_DEFAULT: usize = 500;
 /// Most-hit nodes listed unless asked.
 const TOP_DEFAULT: usize = 40;
-/// Rows read under one hold of the shared lock: a write waits for one
-/// slice (about 2 ms), not the whole pass.
-pub(super) const HOLD_ROWS: usize = 1 << 14;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -52,15 +48,7 @@ pub async fn history(
         .blocking_until(move |core, deadline| {
             let (ids, _) = tree_page(core, &tree, 0, u32::MAX)?;
             let mut tally = Tally::default();
-            for slice in ids.chunks(HOLD_ROWS) {
-                if Instant::now() > deadline {
-                    return Err(time_limit(request_ms));
-                }
-                let bank = core.read_hold()?;
-                for &id in slice {
-                    tally.add(id, &bank.row(id).map_err(bank_error)?);
-                }
-            }
+            visit_rows(core, &ids, (deadline, request_ms), |id, row| tally.add(id, row))?;
             let undated = tally.undated;
             let (growth, consolidations, marks, top_ids) = tally.finish(points, top);
             let bank = core.read()?;
@@ -82,16 +70,6 @@ pub async fn history(
             }))
         })
         .await
-}
-
-fn within(field: &'static str, value: usize, low: usize, high: usize) -> ApiResult<usize> {
-    match (low..=high).contains(&value) {
-        true => Ok(value),
-        false => Err(ApiError::bad_field(
-            field,
-            format!("{field} must be in {low}..={high}, got {value}"),
-        )),
-    }
 }
 
 /// What one pass over a tree's rows keeps: 8 bytes a dated node, more

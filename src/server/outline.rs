@@ -4,18 +4,15 @@
 //! 1,000 pages and about 0.45 GB of JavaScript heap at 1M nodes, again at
 //! every change of the bank.
 
-use std::time::Instant;
-
 use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use serde::Deserialize;
 
 use super::body::{NodeList, NodeSummary, OutlineOut, SummariesRequest};
-use super::browse::tree_page;
+use super::browse::{tree_page, visit_rows, within};
 use super::error::{ApiError, ApiResult};
-use super::history::HOLD_ROWS;
-use super::http::{AppState, JsonBody, time_limit};
+use super::http::{AppState, JsonBody};
 use super::routes::{query_params, tree_name};
 use crate::bank::NodeRef;
 use crate::format::row::{Label, NodeType, Row};
@@ -39,13 +36,9 @@ pub async fn outline(
 ) -> ApiResult<Json<OutlineOut>> {
     let tree = tree_name(tree)?;
     let params = query_params(params)?;
-    let limit = params.limit.unwrap_or(OUTLINE_PAGE_MAX);
-    if !(1..=OUTLINE_PAGE_MAX).contains(&limit) {
-        let message = format!("limit must be in 1..={OUTLINE_PAGE_MAX}, got {limit}");
-        return Err(ApiError::bad_field("limit", message));
-    }
+    let limit = params.limit.unwrap_or(OUTLINE_PAGE_MAX) as usize;
+    let limit = within("limit", limit, 1, OUTLINE_PAGE_MAX as usize)? as u32;
     let request_ms = state.limits.request_ms;
-    let bank_error = |e| ApiError::from_bank(e, "tree");
     state
         .blocking_until(move |core, deadline| {
             let (page, total) = tree_page(core, &tree, params.offset, limit)?;
@@ -58,15 +51,9 @@ pub async fn outline(
                 success_hits: Vec::with_capacity(page.len()),
                 kinds: Vec::with_capacity(page.len()),
             };
-            for slice in page.chunks(HOLD_ROWS) {
-                if Instant::now() > deadline {
-                    return Err(time_limit(request_ms));
-                }
-                let bank = core.read_hold()?;
-                for &id in slice {
-                    push_row(&mut out, id, &bank.row(id).map_err(bank_error)?);
-                }
-            }
+            visit_rows(core, &page, (deadline, request_ms), |id, row| {
+                push_row(&mut out, id, row)
+            })?;
             Ok(Json(out))
         })
         .await
