@@ -126,16 +126,15 @@ pub fn export_tree(
         ),
     ]);
     let layout = Layout { indent: Some(2) };
-    let io = output_error;
-    out.write_all(b"{\n  \"meta\": ").map_err(io)?;
-    write_value(out, &header, layout, 1).map_err(io)?;
-    out.write_all(b",\n  \"nodes\": [\n    ").map_err(io)?;
-    write_value(out, &placeholder(bank, tree, &view), layout, 2).map_err(io)?;
+    out.write_all(b"{\n  \"meta\": ").map_err(output_error)?;
+    write_value(out, &header, layout, 1).map_err(output_error)?;
+    out.write_all(b",\n  \"nodes\": [\n    ").map_err(output_error)?;
+    write_value(out, &placeholder(bank, tree, &view), layout, 2).map_err(output_error)?;
     for &index in &view.bfs {
-        out.write_all(b",\n    ").map_err(io)?;
-        write_value(out, &node_value(bank, &view, index, true)?, layout, 2).map_err(io)?;
+        out.write_all(b",\n    ").map_err(output_error)?;
+        write_value(out, &node_value(bank, &view, index, true)?, layout, 2).map_err(output_error)?;
     }
-    out.write_all(b"\n  ]\n}").map_err(io)?;
+    out.write_all(b"\n  ]\n}").map_err(output_error)?;
     Ok(ExportReport {
         nodes: view.bfs.len() as u64,
         max_depth: view.max_depth(),
@@ -157,7 +156,6 @@ fn output_error(source: std::io::Error) -> InteropError {
 /// order, no placeholder (top-level roots have `parent_id: null`).
 pub fn export_jsonl(bank: &Bank, tree: &str, out: &mut impl Write) -> Result<ExportReport, InteropError> {
     let view = TreeView::load(bank, tree)?;
-    let io = output_error;
     for &index in &view.bfs {
         let PyValue::Dict(fields) = node_value(bank, &view, index, false)? else {
             unreachable!("node_value builds a dict");
@@ -167,8 +165,8 @@ pub fn export_jsonl(bank: &Bank, tree: &str, out: &mut impl Write) -> Result<Exp
             ("depth".to_string(), PyValue::UInt(u64::from(view.rows[&index].depth))),
         ];
         line.extend(fields);
-        write_value(out, &PyValue::Dict(line), Layout { indent: None }, 0).map_err(io)?;
-        out.write_all(b"\n").map_err(io)?;
+        write_value(out, &PyValue::Dict(line), Layout { indent: None }, 0).map_err(output_error)?;
+        out.write_all(b"\n").map_err(output_error)?;
     }
     Ok(ExportReport {
         nodes: view.bfs.len() as u64,

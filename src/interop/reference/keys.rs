@@ -21,11 +21,12 @@ pub const NODE_KEYS: [&str; 6] = ["node_id", "parent_id", "children_ids", "meta"
 pub const INDEX_KEYS: [&str; 1] = ["embedding"];
 
 /// A reference document in which no object repeats a key (a JSON parser
-/// would keep the last; the error, with serde_json's line and column, names
-/// the key; checked as each object is built), each node's `index.embedding` array read into
-/// f32s beside it (keyed by the node's position in `nodes`; the document
-/// holds null in its place). As a JSON value an embedding takes 32 bytes
-/// a number, 8x its f32s: most of a large file's parse.
+/// would keep the last; the error, with serde_json's line and column,
+/// names the key; checked as each object is built), each node's
+/// `index.embedding` array read into f32s beside it (keyed by the node's
+/// position in `nodes`; the document holds null in its place). As a JSON
+/// value an embedding takes 32 bytes a number, 8x its f32s: most of a
+/// large file's parse.
 pub struct Document {
     pub value: Value,
     pub embeddings: HashMap<usize, Embedding>,
