@@ -167,6 +167,10 @@ fn query_ranges_are_inits() {
             json!({"tree": "task", "embedding": [1, 0, 0, 0], "eps": -0.5}),
             "eps -0.5 must be finite and >= 0",
         ),
+        (
+            json!({"tree": "task", "embedding": [1, 0, 0, 0], "k": 0}),
+            "k must be at least 1",
+        ),
     ];
     let input = lines_of(&queries.iter().map(|(q, _)| q.clone()).collect::<Vec<_>>());
     let run = deltamem(&["query", s(&b)], &input);
@@ -178,6 +182,12 @@ fn query_ranges_are_inits() {
     let run = deltamem(&["query", s(&b), "--npy", s(&npy), "--tree", "task", "--eps", "-1"], "");
     assert!(
         run.code == 1 && run.stdout.contains("eps -1 must be finite and >= 0"),
+        "{}",
+        run.stdout
+    );
+    let run = deltamem(&["query", s(&b), "--npy", s(&npy), "--tree", "task", "--k", "0"], "");
+    assert!(
+        run.code == 1 && run.stdout.contains("k must be at least 1"),
         "{}",
         run.stdout
     );

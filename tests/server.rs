@@ -171,6 +171,7 @@ fn the_openapi_document_states_the_banks_bounds() {
     assert_eq!(schemas["TreeQuery"]["properties"]["tau"]["maximum"], 1.0);
     assert_eq!(schemas["QueryBatchRequest"]["properties"]["eps"]["minimum"], 0.0);
     assert_eq!(schemas["TreeQuery"]["properties"]["k"]["maximum"], 1000);
+    assert_eq!(schemas["QueryBatchRequest"]["properties"]["k"]["minimum"], 1);
     assert_eq!(schemas["InsertBatchRequest"]["properties"]["nodes"]["maxItems"], 2);
     assert_eq!(schemas["RetrievalsRequest"]["properties"]["ids"]["maxItems"], 2);
     let query = &doc["paths"]["/v1/trees/{tree}/query"]["post"]["parameters"][0];
@@ -205,6 +206,13 @@ fn the_openapi_document_states_the_banks_bounds() {
     );
     let k = json!({"embedding": one_hot(0), "k": 1001}).to_string();
     server.fails("POST", "/v1/trees/env/query", Some(&k), 400);
+    // No matches asked for is refused by name, on both query routes.
+    let none = json!({"embedding": one_hot(0), "k": 0}).to_string();
+    let refused = server.fails("POST", "/v1/trees/env/query", Some(&none), 400);
+    assert_eq!(refused["field"], "k", "{refused}");
+    let none = json!({"embeddings": [one_hot(0)], "k": 0}).to_string();
+    let refused = server.fails("POST", "/v1/trees/env/query_batch", Some(&none), 400);
+    assert_eq!(refused["field"], "k", "{refused}");
     let huge = json!({"embedding": one_hot(0)})
         .to_string()
         .replacen("0.0", "3.5e38", 1);

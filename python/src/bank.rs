@@ -132,15 +132,15 @@ fn query_options(
     eps: Option<f32>,
     include: bool,
 ) -> PyResult<QueryOptions> {
-    if k == 0 {
-        return Err(errors::invalid(py, "k must be at least 1"));
-    }
-    Ok(QueryOptions {
+    let options = QueryOptions {
         k,
         tau,
         eps,
         include_consolidated: include,
-    })
+    };
+    // Checked before the batch's answer is sized (the bank checks again).
+    options.validate().map_err(|e| errors::bank(py, e))?;
+    Ok(options)
 }
 
 fn inserted(acks: Vec<ChangeAck>) -> Vec<PyInsertAck> {

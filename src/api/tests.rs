@@ -79,6 +79,7 @@ fn query_options_follow_init_ranges() {
         (r#""tau":1.5"#, "tau 1.5 outside -1..=1"),
         (r#""tau":1e39"#, "tau inf outside -1..=1"),
         (r#""eps":-0.1"#, "eps -0.1 must be finite and >= 0"),
+        (r#""k":0"#, "k must be at least 1"),
     ] {
         let req: QueryRequest = parse_object(&format!(r#"{{"tree":"t","embedding":[1],{text}}}"#)).unwrap();
         let e = req.into_parts().1.options(defaults).unwrap_err().to_string();

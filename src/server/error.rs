@@ -89,6 +89,7 @@ fn field_of<'a>(e: &BankError, default: &'a str) -> &'a str {
         | BankError::DuplicateExternalId { .. }
         | BankError::DuplicateInWrite { .. } => "id",
         BankError::WrongTree { .. } | BankError::UnknownTree { .. } => "tree",
+        BankError::BadQueryOption(m) if m.starts_with("k ") => "k",
         BankError::BadQueryOption(m) if m.starts_with("tau") => "tau",
         BankError::BadQueryOption(m) if m.starts_with("eps") => "eps",
         _ => default,

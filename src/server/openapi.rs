@@ -363,7 +363,10 @@ fn constrain_schemas(schemas: &mut Map<String, Value>, bounds: &Bounds) {
             p["description"] = d;
         }
     };
-    let k = |p: &mut Value| p["maximum"] = json!(bounds.k_max);
+    let k = |p: &mut Value| {
+        p["minimum"] = json!(1);
+        p["maximum"] = json!(bounds.k_max);
+    };
     let batch = |p: &mut Value| p["maxItems"] = json!(bounds.batch_items);
     let tree = |p: &mut Value| p["enum"] = json!(bounds.trees);
     set("InsertRequest", "embedding", &either_spelling);

@@ -78,10 +78,16 @@ impl QueryOptions {
         )
     }
 
-    /// Checks tau and eps against the ranges `init` enforces (one home:
-    /// `check_tau`, `check_eps`), so a query cannot score outside them.
+    /// Checks k (at least 1) and tau and eps against the ranges `init`
+    /// enforces (one home: `check_tau`, `check_eps`), so a query cannot
+    /// score outside them.
     pub fn validate(&self) -> Result<(), BankError> {
         let bad = BankError::BadQueryOption;
+        // A query for no matches is a caller's mistake (an unset count),
+        // refused here for every face rather than answered with nothing.
+        if self.k == 0 {
+            return Err(bad("k must be at least 1".into()));
+        }
         self.tau.map_or(Ok(()), check_tau).map_err(bad)?;
         self.eps.map_or(Ok(()), check_eps).map_err(bad)
     }
