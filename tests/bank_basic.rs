@@ -386,6 +386,20 @@ fn row_torn_by_a_crashed_checkpoint_is_repaired_from_the_wal() {
     assert_eq!(bank.row(a.id).unwrap().success_hits, 1);
     assert_eq!(bank.chain(b.id).unwrap(), vec![a.id, b.id]);
     assert!(bank.verify().unwrap().is_ok(), "superseded torn row is not a problem");
+    // Its vector is scanned and checked against the image's lane sums (a
+    // scan once failed here, blaming the vector for the torn row).
+    let found = bank
+        .query(
+            "task",
+            &[1.0, 0.0, 0.0, 0.0],
+            &QueryOptions {
+                k: 2,
+                tau: Some(-1.0),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(found.iter().map(|m| m.id).collect::<Vec<_>>(), vec![a.id, b.id]);
     bank.checkpoint().unwrap();
     drop(bank);
     let bank = Bank::open(

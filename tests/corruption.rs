@@ -405,3 +405,98 @@ fn a_torn_row_is_reported_once() {
         assert!(report.problems[0].file.ends_with(&name), "{:?}", report.problems);
     }
 }
+
+/// A vector's bytes with `bad` as its first component, and the CRC and
+/// lane sum that make its row's checksum fields agree with it (a forgery:
+/// only the check of the norm can tell).
+fn forged_vector(vector: &[f32], bad: f32) -> (Vec<f32>, u32, u32) {
+    let mut forged = vector.to_vec();
+    forged[0] = bad;
+    let bytes: Vec<u8> = forged.iter().flat_map(|x| x.to_le_bytes()).collect();
+    (
+        forged,
+        deltamem::format::crc32(&bytes),
+        deltamem::format::lane_sum32(&bytes),
+    )
+}
+
+/// A vector in a segment that passes its checksums but is not a unit
+/// vector (a NaN, an infinite or a too-long component): `verify` names it.
+/// (A NaN once passed: its norm compared false both ways.)
+#[test]
+fn verify_reports_a_forged_vector_off_the_unit_sphere() {
+    for bad in [f32::NAN, f32::INFINITY, 2.0] {
+        let (storage, _) = build();
+        let stride = deltamem::format::vector_stride_bytes(DIM as u32) as usize;
+        let mut bytes = storage.file_bytes("vectors-000000.seg").unwrap();
+        let at = stride; // node 1
+        let stored: Vec<f32> = bytes[at..at + DIM * 4]
+            .chunks_exact(4)
+            .map(|w| f32::from_le_bytes(w.try_into().unwrap()))
+            .collect();
+        let (forged, crc, sum) = forged_vector(&stored, bad);
+        let forged_bytes: Vec<u8> = forged.iter().flat_map(|x| x.to_le_bytes()).collect();
+        bytes[at..at + DIM * 4].copy_from_slice(&forged_bytes);
+        storage.set_file_bytes("vectors-000000.seg", bytes);
+        forge_row(&storage, 1, |r| {
+            r.vector_crc32 = crc;
+            r.vector_sum32 = sum;
+        });
+        let bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
+        let problems = bank.verify().unwrap().problems;
+        assert!(
+            problems.iter().any(|p: &Problem| p.file.ends_with("vectors-000000.seg")
+                && p.offset_bytes == at as u64
+                && p.detail.contains("node 1 has norm")),
+            "{bad}: {problems:?}"
+        );
+    }
+}
+
+/// The same forgery in a WAL record is refused when the record is
+/// replayed (at every open), naming the WAL and the record, rather than
+/// put into the bank to be dumped and exported as NaN.
+#[test]
+fn a_wal_record_with_a_forged_vector_off_the_unit_sphere_is_refused_at_open() {
+    use deltamem::format::wal::{WalOp, decode_ops, encode_ops, encode_record};
+    for bad in [f32::NAN, f32::INFINITY, 2.0] {
+        let (storage, queries) = build();
+        let mut bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
+        let node = NewNode {
+            tree: "env".into(),
+            attach: Attach::Root,
+            label: Label::Success,
+            payload: Payload {
+                scenario: "in the WAL only".into(),
+                fields: BTreeMap::new(),
+            },
+            embedding: queries[0].clone(),
+            external_id: None,
+        };
+        bank.insert(node).unwrap();
+        drop(bank); // a crash: the node lives only in the WAL
+        let scan = deltamem::storage::wal::scan(&storage).unwrap();
+        assert_eq!(scan.records.len(), 1);
+        let record = scan.records[0].clone();
+        let mut ops = decode_ops(scan.body(&record), record.op_count, DIM as u32).unwrap();
+        for op in &mut ops {
+            if let WalOp::PutNode { row, vector, .. } = op {
+                let (forged, crc, sum) = forged_vector(vector, bad);
+                (*vector, row.vector_crc32, row.vector_sum32) = (forged, crc, sum);
+            }
+        }
+        let (framed, _) = encode_record(scan.header.chain_seed(), record.lsn, record.op_count, &encode_ops(&ops));
+        let mut wal = storage.file_bytes("wal.log").unwrap();
+        let at = record.offset_bytes as usize;
+        wal[at..at + framed.len()].copy_from_slice(&framed);
+        storage.set_file_bytes("wal.log", wal);
+        let e = Bank::open(Arc::new(storage.clone()), OpenOptions::default())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.contains("wal.log") && e.contains(&format!("offset {at}")) && e.contains("norm"),
+            "{bad}: {e}"
+        );
+    }
+}

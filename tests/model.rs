@@ -500,6 +500,12 @@ impl Model {
 // Comparing a bank with the model.
 
 fn compare_query(bank: &Bank, model: &Model, tree: usize, raw: &[f32], opts: &QueryOptions) {
+    if opts.k == 0 {
+        // No matches asked for is the caller's mistake, refused by name.
+        let e = bank.query(TREES[tree].0, raw, opts).expect_err("k = 0 is refused");
+        assert!(e.to_string().contains("k must be at least 1"), "{e}");
+        return;
+    }
     let got = bank
         .query(TREES[tree].0, raw, opts)
         .unwrap_or_else(|e| panic!("query {opts:?} failed: {e}"));

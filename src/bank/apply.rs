@@ -107,6 +107,11 @@ impl Bank {
         {
             return bad(format!("node {next}: vector length, checksum or lane sum mismatch"));
         }
+        if checks == Checks::Verify
+            && let Some(norm) = super::off_unit_norm(vector)
+        {
+            return bad(format!("node {next}: vector has norm {norm}, not 1"));
+        }
         check_record(payload_record, next).map_err(|e| BankError::Corrupt {
             file: "WAL op".into(),
             offset_bytes: 0,

@@ -236,8 +236,10 @@ pub(crate) struct Base {
     prepared: AtomicU32,
     payload_file: Mutex<Option<Arc<dyn StorageFile>>>,
     /// Rows torn by a crashed checkpoint whose WAL image replaces them
-    /// (see `Bank::seed_torn_rows`); the segment check skips them.
-    pub superseded: std::collections::BTreeSet<u32>,
+    /// (see `Bank::seed_torn_rows`), with that image's lane sums
+    /// (`vector_sum32`, `qvector_sum32`): the segment check does not read
+    /// their stored bytes, and the scan checks their vectors against these.
+    pub superseded: std::collections::BTreeMap<u32, (u32, u32)>,
     /// Read-only handles retry rows that fail their checksum (see
     /// `decode_row`); the writer never races itself.
     pub retry_torn_rows: bool,
@@ -485,11 +487,18 @@ impl Base {
         });
         let (mut trees, mut flagged) = (TreeSet::default(), false);
         for index in first..first + rows {
-            if self.superseded.contains(&index) {
+            if let Some(&(sum, qsum)) = self.superseded.get(&index) {
                 // Its WAL image replaces it: not read here, and never
                 // trusted by a summary (its stored bytes may be torn).
-                facts.sums.push(0);
-                facts.qsums.push(0);
+                // The image's lane sums are the row's (they are fixed
+                // when the node is written), so its vector is checked
+                // against them like any other.
+                if sums {
+                    facts.sums.push(sum);
+                    if self.qstride_bytes.is_some() {
+                        facts.qsums.push(qsum);
+                    }
+                }
                 trees.mixed = true;
                 continue;
             }

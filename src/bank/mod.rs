@@ -402,6 +402,22 @@ impl Bank {
     }
 }
 
+/// How far a stored vector's norm may be from 1 (every vector is stored
+/// normalised; f16 and rounding move it a little).
+const STORED_NORM_TOLERANCE: f32 = 1e-3;
+
+/// The norm of a stored vector that is not a unit vector (a NaN or an
+/// infinite component included), or None: `verify` of segments and WAL
+/// replay both refuse one that passes its checksums (a forged vector
+/// would otherwise be scored, dumped and exported as it is).
+pub(crate) fn off_unit_norm(vector: &[f32]) -> Option<f32> {
+    // The scan's dot kernel: a plain sequential sum was half of verify's
+    // time (768 dependent adds per node).
+    let norm = kernels::dot(vector, vector).sqrt();
+    // Written so that a NaN norm fails too.
+    (!((norm - 1.0).abs() <= STORED_NORM_TOLERANCE)).then_some(norm)
+}
+
 /// The fields of a row that check its vector (FORMAT.md "Node row"): the
 /// CRC (`verify`, single reads, maintenance) and the lane sums the scan
 /// kernels compute on the fly (first scan of a vector and its int8 row).
