@@ -386,12 +386,19 @@ fn a_duplicated_external_id_is_reported_and_never_resolved() {
 /// first) have no children and no links pointing at them.
 #[test]
 fn a_torn_row_is_reported_once() {
-    for index in [5u32, 7, 8] {
+    // A flip in the payload offset, and one in the external id (the
+    // latter was listed twice: once by the row's read, once by the
+    // mapping of its segment).
+    let fields = [
+        deltamem::format::row::ROW_PAYLOAD_OFFSET_OFFSET,
+        deltamem::format::row::ROW_EXTERNAL_ID_OFFSET + 4,
+    ];
+    for (index, field) in (0u32..11).flat_map(|i| fields.map(|f| (i, f))) {
         let (storage, _) = build();
         let name = format!("nodes-{:06}.seg", index / 4);
         let mut bytes = storage.file_bytes(&name).unwrap();
         let at = (index % 4) as usize * ROW_SIZE_BYTES;
-        bytes[at + deltamem::format::row::ROW_PAYLOAD_OFFSET_OFFSET] ^= 0x01; // checksum left stale
+        bytes[at + field] ^= 0x01; // checksum left stale
         storage.set_file_bytes(&name, bytes);
         let options = OpenOptions {
             read_only: true,
@@ -401,7 +408,12 @@ fn a_torn_row_is_reported_once() {
             .unwrap()
             .verify()
             .unwrap();
-        assert_eq!(report.problems.len(), 1, "row {index}: {:?}", report.problems);
+        assert_eq!(
+            report.problems.len(),
+            1,
+            "row {index} byte {field}: {:?}",
+            report.problems
+        );
         assert!(report.problems[0].file.ends_with(&name), "{:?}", report.problems);
     }
 }

@@ -47,8 +47,15 @@ pub enum VerifyScope {
 const MAX_PROBLEMS: usize = 1000;
 
 impl VerifyReport {
+    /// Adds a problem unless the same one (file, offset, detail) is
+    /// listed: a damaged row fails both the row's read and its segment's
+    /// mapping, and was counted twice.
     fn add(&mut self, file: String, offset_bytes: u64, detail: String) {
-        if self.problems.len() < MAX_PROBLEMS {
+        let listed = self
+            .problems
+            .iter()
+            .any(|p| p.offset_bytes == offset_bytes && p.file == file && p.detail == detail);
+        if !listed && self.problems.len() < MAX_PROBLEMS {
             self.problems.push(Problem {
                 file,
                 offset_bytes,
