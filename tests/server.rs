@@ -1554,3 +1554,26 @@ fn a_trees_outline_and_chosen_summaries_match_the_dump() {
     server.fails("POST", "/v1/summaries", Some(r#"{"ids":[0],"title":true}"#), 400);
     assert_eq!(server.terminate(), 0);
 }
+
+/// A dump whose first chunk meets damage answers with an error naming the
+/// file and offset (it once began a 200 and cut the connection, or sent
+/// nothing, and logged nothing), and the rest of the server still answers.
+#[test]
+fn a_dump_that_meets_damage_first_is_an_error_answer() {
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &[]);
+    for i in 0..3 {
+        server.post("/v1/nodes", &node("task", json!("root"), &format!("n{i}"), &one_hot(i)));
+    }
+    assert_eq!(server.terminate(), 0); // checkpointed: the payloads are in payloads.log
+    let log = path.join("payloads.log");
+    let mut bytes = std::fs::read(&log).unwrap();
+    let last = bytes.len() - 2; // inside the last node's record
+    bytes[last] ^= 0x10;
+    std::fs::write(&log, bytes).unwrap();
+    let server = Server::start(&path, &["--read-only"]);
+    let e = server.fails("GET", "/v1/trees/task/dump", None, 500);
+    let message = e["error"].as_str().unwrap();
+    assert!(message.contains("payloads.log") && message.contains("offset"), "{e}");
+    assert_eq!(server.get("/v1/bank")["node_count"], 3);
+}

@@ -127,6 +127,9 @@ pub fn within(field: &'static str, value: usize, low: usize, high: usize) -> Api
 /// connection has taken the one before, so a client that reads slowly
 /// holds one chunk and no thread (a stalled dump used to park a blocking
 /// thread and hold three chunks). At most `Limits::dumps` are sent at once.
+/// The first chunk is read before the answer starts, so damage found
+/// there is an error answer naming the file and offset; after it, an
+/// error can only cut the stream, and is logged.
 pub async fn dump(State(state): State<AppState>, tree: Result<Path<String>, PathRejection>) -> ApiResult<Response> {
     let tree = tree_name(tree)?;
     let (wanted, count) = {
@@ -140,24 +143,25 @@ pub async fn dump(State(state): State<AppState>, tree: Result<Path<String>, Path
         )));
     };
     let core = state.core.clone();
-    let stream = futures_util::stream::unfold(Some(0u32), move |next| {
-        let core = core.clone();
+    let (first, next) = dump_chunk_of(core.clone(), wanted, 0, count).await?;
+    let rest = futures_util::stream::unfold(Some(next).filter(|&s| s < count), move |next| {
+        let (core, tree) = (core.clone(), tree.clone());
         async move {
-            let start = next.filter(|&s| s < count)?;
-            let read = tokio::task::spawn_blocking(move || {
-                let bank = core.read_hold().map_err(|e| e.message)?;
-                dump_chunk(&bank, wanted, start..(start + DUMP_CHUNK_NODES).min(count)).map_err(|e| e.to_string())
-            });
-            let chunk = read
-                .await
-                .unwrap_or_else(|_| Err("the dump's reader panicked".to_string()));
-            Some(match chunk {
-                Ok((bytes, next)) => (Ok(bytes), Some(next)),
+            let start = next?;
+            Some(match dump_chunk_of(core, wanted, start, count).await {
+                Ok((bytes, next)) => (Ok(bytes), Some(next).filter(|&s| s < count)),
                 // The error ends the body, so the client sees a cut stream.
-                Err(e) => (Err(std::io::Error::other(e)), None),
+                Err(e) => {
+                    eprintln!(
+                        "deltamem serve: the dump of tree {tree:?} was cut at node {start}: {}",
+                        e.message
+                    );
+                    (Err(std::io::Error::other(e.message)), None)
+                }
             })
         }
     });
+    let stream = futures_util::stream::once(async { Ok(first) }).chain(rest);
     let stream = futures_util::StreamExt::map(stream, move |chunk| {
         let _held = &permit;
         chunk
@@ -167,6 +171,26 @@ pub async fn dump(State(state): State<AppState>, tree: Result<Path<String>, Path
         Body::from_stream(stream),
     )
         .into_response())
+}
+
+/// One chunk of a dump from row `start`, read on the blocking pool: its
+/// bytes and the next row to read.
+async fn dump_chunk_of(
+    core: std::sync::Arc<super::core::Core>,
+    wanted: u16,
+    start: u32,
+    count: u32,
+) -> ApiResult<(Vec<u8>, u32)> {
+    let read = tokio::task::spawn_blocking(move || {
+        let bank = core.read_hold()?;
+        dump_chunk(&bank, wanted, start..(start + DUMP_CHUNK_NODES).min(count)).map_err(bank_error("tree"))
+    });
+    read.await.unwrap_or_else(|_| {
+        Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the dump's reader panicked",
+        ))
+    })
 }
 
 /// The lines of the tree's nodes in `range`, ending early once
