@@ -99,6 +99,7 @@ where
     let mut line = Vec::new();
     let mut stop = std::pin::pin!(stop);
     let mut stopping = false;
+    let mut initializing = false;
     loop {
         if line.capacity() > KEPT_LINE_BYTES {
             line = Vec::new(); // a 64 MiB line does not pin 64 MiB for good
@@ -129,7 +130,14 @@ where
             continue; // nothing was asked: neither forwarded nor answered
         }
         match refusal(&line, line_bytes, limits) {
+            None if !initializing && !opens_the_session(&line) => {
+                // rmcp ends the session (and the process) at anything but
+                // a request before `initialize`; a notification has no
+                // answer and a response no question, so neither is sent.
+                eprintln!("deltamem mcp: ignored a notification or response sent before `initialize`");
+            }
             None => {
+                initializing |= is_initialize(&line);
                 line.push(b'\n');
                 to_rmcp.write_all(&line).await?;
                 to_rmcp.flush().await?;
@@ -148,6 +156,29 @@ where
             }
         }
     }
+}
+
+/// The `method` and `id` of a message (read once it has passed `refusal`).
+#[derive(serde::Deserialize)]
+struct Head<'a> {
+    #[serde(borrow, default)]
+    method: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
+}
+
+fn head(line: &[u8]) -> Option<Head<'_>> {
+    serde_json::from_slice(line).ok()
+}
+
+/// A request (a method and an id): rmcp answers one sent before
+/// `initialize` with an error and goes on.
+fn opens_the_session(line: &[u8]) -> bool {
+    head(line).is_some_and(|h| h.method.is_some() && h.id.is_some())
+}
+
+fn is_initialize(line: &[u8]) -> bool {
+    head(line).is_some_and(|h| h.method.as_deref() == Some("initialize") && h.id.is_some())
 }
 
 /// JSON-RPC's code for a request that is not a valid request object.
@@ -390,6 +421,26 @@ mod tests {
             let answers = answered.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
             (forwarded, answers)
         })
+    }
+
+    /// Before `initialize`, a notification or a response is not passed on
+    /// (rmcp ended the session, and the process, at one); a request is,
+    /// and after `initialize` everything is.
+    #[test]
+    fn only_requests_pass_before_initialize() {
+        let lines = [
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            r#"{"jsonrpc":"2.0","id":5,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":6,"method":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{}}"#,
+        ];
+        let input = lines.iter().map(|l| format!("{l}\n")).collect::<String>();
+        let (forwarded, answered) = pump(input.as_bytes(), LineLimits::default());
+        let passed: Vec<&str> = forwarded.lines().collect();
+        assert_eq!(passed, [lines[2], lines[3], lines[4], lines[5]]);
+        assert!(answered.is_empty(), "{answered:?}");
     }
 
     /// Stopped while whole lines wait in the buffer and the client keeps
