@@ -580,6 +580,36 @@ fn a_token_guards_every_request() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("token"));
+
+    // Tokens no client could send, or blanks meant as one, are refused at
+    // the start (they served 401 to every request, or no auth at all).
+    let refused = |file_text: Option<&str>, env: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_deltamem"));
+        command
+            .args(["serve", path.to_str().unwrap()])
+            .env_remove("DELTAMEM_TOKEN");
+        if let Some(text) = file_text {
+            std::fs::write(&token_file, text).unwrap();
+            command.args(["--token-file", token_file.to_str().unwrap()]);
+        }
+        if let Some(value) = env {
+            command.env("DELTAMEM_TOKEN", value);
+        }
+        let out = command.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        (out.status.code(), stderr)
+    };
+    for (file_text, env, words) in [
+        (Some("a-long-enough-secret\nsecond-line-token\n"), None, "'\\n'"),
+        (Some("a-long-enough-secret with-a-space"), None, "' '"),
+        (Some("a-long-enough-secrét-token"), None, "'é'"),
+        (None, Some("    "), "at least 16"),
+        (None, Some("a-long-enough-secret\ttoken"), "'\\t'"),
+    ] {
+        let (code, stderr) = refused(file_text, env);
+        assert_eq!(code, Some(1), "{file_text:?} {env:?}: {stderr}");
+        assert!(stderr.contains(words), "{file_text:?} {env:?}: {stderr}");
+    }
 }
 
 /// A loopback server without a token answers only requests addressed to

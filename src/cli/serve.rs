@@ -57,7 +57,11 @@ fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
-/// The token from the file (trimmed), else from $DELTAMEM_TOKEN (unless empty).
+/// The token from the file (trimmed), else from $DELTAMEM_TOKEN (unless
+/// empty). Refused unless it is at least 16 visible ASCII characters: a
+/// token a client cannot send in an `Authorization` header (a second line
+/// of the file, a space inside, a non-ASCII letter) would start a server
+/// that answers every request with 401.
 fn read_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
     let token = match file {
         Some(path) => Some(
@@ -67,16 +71,28 @@ fn read_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
                 .to_string(),
         ),
         // An empty variable (`DELTAMEM_TOKEN= deltamem serve`) is unset, as
-        // shells and env files write "no token"; a short one is refused.
-        None => std::env::var("DELTAMEM_TOKEN")
-            .ok()
-            .map(|t| t.trim().to_string())
-            .filter(|t| !t.is_empty()),
+        // shells and env files write "no token"; one of blanks is refused
+        // as too short (a token meant, and lost).
+        None => match std::env::var("DELTAMEM_TOKEN") {
+            Ok(t) if t.is_empty() => None,
+            Ok(t) => Some(t.trim().to_string()),
+            Err(std::env::VarError::NotPresent) => None,
+            Err(std::env::VarError::NotUnicode(_)) => bail!("DELTAMEM_TOKEN is not UTF-8"),
+        },
     };
-    match token {
-        Some(t) if t.len() < 16 => bail!("the bearer token must be at least 16 characters"),
-        other => Ok(other),
+    let Some(token) = token else {
+        return Ok(None);
+    };
+    if let Some(bad) = token.chars().find(|c| !c.is_ascii_graphic()) {
+        bail!(
+            "the bearer token holds {bad:?}: a client can send only visible ASCII characters \
+             (a token file holds one line)"
+        );
     }
+    if token.len() < 16 {
+        bail!("the bearer token must be at least 16 characters");
+    }
+    Ok(Some(token))
 }
 
 pub fn serve(args: ServeArgs, quiet: bool) -> anyhow::Result<Status> {
