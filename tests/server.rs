@@ -1607,3 +1607,42 @@ fn a_dump_that_meets_damage_first_is_an_error_answer() {
     assert!(message.contains("payloads.log") && message.contains("offset"), "{e}");
     assert_eq!(server.get("/v1/bank")["node_count"], 3);
 }
+
+/// Large answers a client does not read are held within `--max-answer-mib`:
+/// past it, one more is a 503 naming the limit (24 clients that read no
+/// 13 MB batch answer took the server to 495 MiB), and once the stalled
+/// one is cut off at the time limit, answers are sent again.
+#[test]
+fn large_answers_left_unread_are_bounded() {
+    let (_dir, path) = bank(DIM as u32);
+    let server = Server::start(&path, &["--request-timeout-ms", "1000", "--max-answer-mib", "16"]);
+    let nodes: Vec<Value> = (0..1000)
+        .map(|i| node("task", json!("root"), &format!("n{i}"), &vector(DIM, i)))
+        .collect();
+    server.post("/v1/nodes/batch", &json!({ "nodes": nodes }));
+    let queries: Vec<Vec<f32>> = (0..100).map(|i| vector(DIM, 5000 + i)).collect();
+    let body = json!({"embeddings": queries, "k": 1000, "tau": -1}).to_string();
+    let address = server.address();
+    let head = format!(
+        "POST /v1/trees/task/query_batch HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut stalled = TcpStream::connect(&address).unwrap();
+    stalled.write_all(head.as_bytes()).unwrap();
+    stalled.write_all(body.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(300)); // its answer is built and held
+    let e = server.fails("POST", "/v1/trees/task/query_batch", Some(&body), 503);
+    assert!(e["error"].as_str().unwrap().contains("MiB"), "{e}");
+    assert_eq!(server.get("/v1/bank")["node_count"], 1000, "small answers go on");
+    std::thread::sleep(Duration::from_secs(3)); // the stalled client is cut off
+    let (status, text) = server.call("POST", "/v1/trees/task/query_batch", Some(&body));
+    assert_eq!(status, 200);
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        answer["answers"].as_array().map(Vec::len),
+        Some(100),
+        "{}",
+        &text[..200]
+    );
+    drop(stalled);
+}

@@ -42,6 +42,10 @@ pub struct ServeArgs {
     /// reads one slowly holds about 1 MiB of the server's memory.
     #[arg(long, default_value_t = 64)]
     max_dumps: usize,
+    /// Most MiB of large answers (1 MiB or more, e.g. a batch query's)
+    /// held at once while clients read them (more are answered 503).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(16..=1 << 20))]
+    max_answer_mib: u32,
     /// Checkpoint once the WAL holds this many MiB: a larger WAL means
     /// fewer checkpoints and a longer replay after a crash.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
@@ -111,6 +115,7 @@ pub fn serve(args: ServeArgs, quiet: bool) -> anyhow::Result<Status> {
             batch_items: args.max_batch as usize,
             request_ms: args.request_timeout_ms,
             dumps: args.max_dumps.max(1),
+            answer_mib: args.max_answer_mib,
             ..Default::default()
         },
     };

@@ -43,6 +43,12 @@ pub struct Limits {
     /// until it ends or stalls past the time limit: 530 such clients took
     /// 2.6 GB.
     pub dumps: usize,
+    /// Most MiB of large answers (1 MiB or more: a batch query's, a list
+    /// of summaries) held at once while clients read them; one more is
+    /// answered 503. Such an answer is built whole and held until it is
+    /// read or the time limit cuts the connection: 24 clients that sent a
+    /// 13 MB batch query and read nothing took the server to 495 MiB.
+    pub answer_mib: u32,
 }
 
 impl Default for Limits {
@@ -55,6 +61,7 @@ impl Default for Limits {
             page_items: 1000,
             batch_matches: 100_000,
             dumps: 64,
+            answer_mib: 256,
         }
     }
 }
@@ -74,6 +81,8 @@ pub struct AppState {
     pub local_names: Option<Arc<[String]>>,
     /// Dumps being sent (`Limits::dumps`).
     pub dumps: Arc<tokio::sync::Semaphore>,
+    /// MiB of large answers being sent (`Limits::answer_mib`).
+    pub answers: Arc<tokio::sync::Semaphore>,
 }
 
 impl AppState {
@@ -139,7 +148,7 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
             })
             .and_then(|()| check_framing(request.headers(), &state.limits))
         {
-            Ok(()) => next.run(request).await,
+            Ok(()) => held_while_sent(&state, next.run(request).await),
             Err(e) => e.into_response(),
         },
         false => {
@@ -153,6 +162,36 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
     let route = matched.as_ref().map_or(unmatched, MatchedPath::as_str);
     state.core.metrics().request(route, response.status().as_u16(), seconds);
     response
+}
+
+/// Answers from this size on count against `Limits::answer_mib`.
+const LARGE_ANSWER_BYTES: u64 = 1 << 20;
+
+/// A large answer of known size takes its MiB from `AppState::answers`
+/// until its body is dropped (sent, or the connection cut), or is replaced
+/// by a 503 when they are taken. Streams (dumps, events) have no known
+/// size and limits of their own.
+fn held_while_sent(state: &AppState, response: Response) -> Response {
+    use axum::body::HttpBody;
+    let Some(size_bytes) = response.body().size_hint().exact().filter(|&n| n >= LARGE_ANSWER_BYTES) else {
+        return response;
+    };
+    let mib = u32::try_from(size_bytes.div_ceil(1 << 20)).unwrap_or(u32::MAX);
+    let Ok(permit) = state.answers.clone().try_acquire_many_owned(mib) else {
+        return ApiError::unavailable(format!(
+            "an answer of {mib} MiB, and {} MiB of answers are being sent already; try again when they are read",
+            state.limits.answer_mib
+        ))
+        .into_response();
+    };
+    let (mut parts, body) = response.into_parts();
+    // The stream below has no size of its own: the length stays declared.
+    parts.headers.insert(header::CONTENT_LENGTH, size_bytes.into());
+    let stream = futures_util::StreamExt::map(body.into_data_stream(), move |chunk| {
+        let _held = &permit;
+        chunk
+    });
+    Response::from_parts(parts, axum::body::Body::from_stream(stream))
 }
 
 /// A POST to `/mcp` is read here (within the body's size and time

@@ -157,6 +157,7 @@ async fn run_on<L: listen::Accept>(
             _ => None,
         },
         dumps: Arc::new(tokio::sync::Semaphore::new(config.limits.dumps.max(1))),
+        answers: Arc::new(tokio::sync::Semaphore::new(config.limits.answer_mib as usize)),
     };
     let mcp = mcp::http_service(core, &bound, cancel.clone());
     let app = http::router(state, mcp);
