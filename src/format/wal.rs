@@ -295,6 +295,23 @@ pub fn verify_record(prev_crc: u32, expected_lsn: u64, record: &[u8]) -> Result<
     Ok(h)
 }
 
+/// Why a record that is intact (whole, its CRC chained from `prev_crc`,
+/// its LSN `expected_lsn`) still cannot be read: an unknown kind or
+/// reserved bytes that are not zero, as a newer format could write. None
+/// for a record that is not intact (torn or damaged) or reads fine. Such a
+/// record is never a torn write: dropping it would lose a change that was
+/// written whole (FORMAT.md §8).
+pub fn unreadable_intact_record(prev_crc: u32, expected_lsn: u64, record: &[u8]) -> Option<String> {
+    let h = decode_record_header(record).ok()?;
+    let whole = record.get(..RECORD_HEADER_SIZE_BYTES + h.body_size_bytes as usize)?;
+    if h.crc != chained_crc(prev_crc, whole) || h.lsn != expected_lsn {
+        return None;
+    }
+    verify_record(prev_crc, expected_lsn, whole)
+        .err()
+        .map(|e| format!("its CRC and LSN hold, but {e}: a record a newer deltamem may have written, not a torn one"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::row::{Label, NodeType};

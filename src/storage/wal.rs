@@ -81,12 +81,14 @@ pub fn scan(storage: &dyn Storage) -> Result<WalScan, StorageError> {
     let mut damage = None;
     let preallocated = buf[at..].iter().all(|&b| b == 0);
     if let Some(e) = chain.stop.filter(|_| !preallocated) {
-        damage = find_intact_after(&buf, at, chain.last_crc, next_lsn).map(|(intact_at, dropped)| WalDamage {
-            offset_bytes: at as u64,
-            lsn: next_lsn,
-            intact_offset_bytes: intact_at as u64,
-            dropped_lsns: dropped,
-            detail: e.to_string(),
+        damage = unreadable_at(&buf, at, chain.last_crc, next_lsn).or_else(|| {
+            find_intact_after(&buf, at, chain.last_crc, next_lsn).map(|(intact_at, dropped)| WalDamage {
+                offset_bytes: at as u64,
+                lsn: next_lsn,
+                intact_offset_bytes: intact_at as u64,
+                dropped_lsns: dropped,
+                detail: e.to_string(),
+            })
         });
         stop_reason = Some(StorageError::corrupt(desc.clone(), at as u64, e));
     }
@@ -100,6 +102,23 @@ pub fn scan(storage: &dyn Storage) -> Result<WalScan, StorageError> {
         last_crc: chain.last_crc,
         stop_reason,
         damage,
+    })
+}
+
+/// The record at `at` as damage when it is intact but unreadable
+/// (`unreadable_intact_record`): it and the records chained after it are
+/// what a truncation would drop, and a torn tail it is not.
+fn unreadable_at(buf: &[u8], at: usize, prev_crc: u32, lsn: u64) -> Option<WalDamage> {
+    let detail = crate::format::wal::unreadable_intact_record(prev_crc, lsn, &buf[at..])?;
+    let h = decode_record_header(&buf[at..]).ok()?;
+    let len = RECORD_HEADER_SIZE_BYTES + h.body_size_bytes as usize;
+    let after = follow_chain(buf, at + len, h.crc, lsn + 1);
+    Some(WalDamage {
+        offset_bytes: at as u64,
+        lsn,
+        intact_offset_bytes: at as u64,
+        dropped_lsns: lsn..=lsn + after.records.len() as u64,
+        detail,
     })
 }
 
@@ -464,5 +483,62 @@ impl DetachedSync {
     /// Every record below this LSN is durable once `run` succeeds.
     pub fn below_lsn(&self) -> u64 {
         self.below_lsn
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::wal::{REC_CRC_OFFSET, REC_KIND_OFFSET, chained_crc, encode_record};
+    use crate::storage::MemStorage;
+
+    /// A WAL of three records whose second is changed by `change` (then
+    /// its CRC made right again when `recrc`, and the third chained from
+    /// it), scanned.
+    fn scan_with_second(change: impl Fn(&mut Vec<u8>), recrc: bool) -> WalScan {
+        let header = WalHeader { salt: 5, start_lsn: 1 };
+        let (first, c1) = encode_record(header.chain_seed(), 1, 1, b"first body");
+        let (mut second, _) = encode_record(c1, 2, 1, b"second body");
+        change(&mut second);
+        let mut c2 = crate::format::get_u32(&second, REC_CRC_OFFSET);
+        if recrc {
+            c2 = chained_crc(c1, &second);
+            second[REC_CRC_OFFSET..REC_CRC_OFFSET + 4].copy_from_slice(&c2.to_le_bytes());
+        }
+        let (third, _) = encode_record(c2, 3, 1, b"third body");
+        let whole = second.len() == RECORD_HEADER_SIZE_BYTES + b"second body".len();
+        let third = if whole { third } else { Vec::new() };
+        let storage = MemStorage::new();
+        storage.set_file_bytes(WAL_FILE, [header.encode().to_vec(), first, second, third].concat());
+        scan(&storage).unwrap()
+    }
+
+    /// A record whose CRC and LSN hold but whose kind is unknown, or whose
+    /// reserved bytes are not zero, is damage that names it (once dropped
+    /// silently as a torn tail, and overwritten by the next writer); a
+    /// record whose CRC fails, with nothing intact after it, is still a
+    /// torn tail.
+    #[test]
+    fn an_intact_record_of_unknown_kind_is_damage_not_a_torn_tail() {
+        let kind_2 = |r: &mut Vec<u8>| r[REC_KIND_OFFSET] = 2;
+        let reserved = |r: &mut Vec<u8>| r[crate::format::wal::RECORD_RESERVED[0].start] = 1;
+        for (change, words) in [
+            (&kind_2 as &dyn Fn(&mut Vec<u8>), "unknown record kind 2"),
+            (&reserved, "reserved"),
+        ] {
+            let scanned = scan_with_second(change, true);
+            assert_eq!(scanned.records.len(), 1);
+            let damage = scanned.damage.expect("damage");
+            assert_eq!((damage.lsn, damage.dropped_lsns), (2, 2..=3));
+            assert!(
+                damage.detail.contains(words) && damage.detail.contains("CRC and LSN hold"),
+                "{}",
+                damage.detail
+            );
+        }
+        // Cut short, the third record lost with it: a torn tail.
+        let torn = scan_with_second(|r| r.truncate(r.len() - 3), false);
+        assert_eq!(torn.records.len(), 1);
+        assert!(torn.damage.is_none() && torn.stop_reason.is_some());
     }
 }
