@@ -470,7 +470,7 @@ fn verify_reports_a_forged_vector_off_the_unit_sphere() {
 /// put into the bank to be dumped and exported as NaN.
 #[test]
 fn a_wal_record_with_a_forged_vector_off_the_unit_sphere_is_refused_at_open() {
-    use deltamem::format::wal::{WalOp, decode_ops, encode_ops, encode_record};
+    use deltamem::format::wal::WalOp;
     for bad in [f32::NAN, f32::INFINITY, 2.0] {
         let (storage, queries) = build();
         let mut bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
@@ -487,21 +487,12 @@ fn a_wal_record_with_a_forged_vector_off_the_unit_sphere_is_refused_at_open() {
         };
         bank.insert(node).unwrap();
         drop(bank); // a crash: the node lives only in the WAL
-        let scan = deltamem::storage::wal::scan(&storage).unwrap();
-        assert_eq!(scan.records.len(), 1);
-        let record = scan.records[0].clone();
-        let mut ops = decode_ops(scan.body(&record), record.op_count, DIM as u32).unwrap();
-        for op in &mut ops {
+        let at = rewrite_the_wal_record(&storage, |op| {
             if let WalOp::PutNode { row, vector, .. } = op {
                 let (forged, crc, sum) = forged_vector(vector, bad);
                 (*vector, row.vector_crc32, row.vector_sum32) = (forged, crc, sum);
             }
-        }
-        let (framed, _) = encode_record(scan.header.chain_seed(), record.lsn, record.op_count, &encode_ops(&ops));
-        let mut wal = storage.file_bytes("wal.log").unwrap();
-        let at = record.offset_bytes as usize;
-        wal[at..at + framed.len()].copy_from_slice(&framed);
-        storage.set_file_bytes("wal.log", wal);
+        });
         let e = Bank::open(Arc::new(storage.clone()), OpenOptions::default())
             .err()
             .map(|e| e.to_string())
@@ -511,4 +502,65 @@ fn a_wal_record_with_a_forged_vector_off_the_unit_sphere_is_refused_at_open() {
             "{bad}: {e}"
         );
     }
+}
+
+/// Rewrites each op of the WAL's one record with `change`, the record
+/// framed again (a forgery that passes every checksum); its offset.
+fn rewrite_the_wal_record(storage: &MemStorage, change: impl Fn(&mut deltamem::format::wal::WalOp)) -> usize {
+    use deltamem::format::wal::{decode_ops, encode_ops, encode_record};
+    let scan = deltamem::storage::wal::scan(storage).unwrap();
+    assert_eq!(scan.records.len(), 1);
+    let record = scan.records[0].clone();
+    let mut ops = decode_ops(scan.body(&record), record.op_count, DIM as u32).unwrap();
+    ops.iter_mut().for_each(change);
+    let (framed, _) = encode_record(scan.header.chain_seed(), record.lsn, record.op_count, &encode_ops(&ops));
+    let mut wal = storage.file_bytes("wal.log").unwrap();
+    let at = record.offset_bytes as usize;
+    assert_eq!(framed.len(), scan.body(&record).len() + 24, "same size");
+    wal[at..at + framed.len()].copy_from_slice(&framed);
+    storage.set_file_bytes("wal.log", wal);
+    at
+}
+
+/// A WAL node's payload record whose framing and CRC hold over bytes that
+/// do not decode: `verify` reports it (it said ok) and a read of it names
+/// the WAL (it named a "WAL overlay" that is no file).
+#[test]
+fn a_wal_payload_that_does_not_decode_is_reported_by_verify_and_named_by_reads() {
+    use deltamem::format::payload::{PAY_CRC_OFFSET, PAYLOAD_HEADER_SIZE_BYTES};
+    use deltamem::format::wal::WalOp;
+    let (storage, queries) = build();
+    let mut bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
+    let node = NewNode {
+        tree: "env".into(),
+        attach: Attach::Root,
+        label: Label::Success,
+        payload: Payload {
+            scenario: "a scenario long enough to forge".into(),
+            fields: BTreeMap::new(),
+        },
+        embedding: queries[1].clone(),
+        external_id: None,
+    };
+    let id = bank.insert(node).unwrap().id;
+    drop(bank);
+    rewrite_the_wal_record(&storage, |op| {
+        if let WalOp::PutNode { payload_record, .. } = op {
+            payload_record[PAYLOAD_HEADER_SIZE_BYTES..].fill(0xff);
+            let mut covered = payload_record[..PAY_CRC_OFFSET].to_vec();
+            covered.extend_from_slice(&payload_record[PAYLOAD_HEADER_SIZE_BYTES..]);
+            let crc = deltamem::format::crc32(&covered);
+            payload_record[PAY_CRC_OFFSET..PAY_CRC_OFFSET + 4].copy_from_slice(&crc.to_le_bytes());
+        }
+    });
+    let bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
+    let e = bank.payload(id).unwrap_err().to_string();
+    assert!(e.contains("wal.log") && e.contains(&format!("node {id}")), "{e}");
+    let problems = bank.verify().unwrap().problems;
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.file.ends_with("wal.log") && p.detail.contains(&format!("node {id}"))),
+        "{problems:?}"
+    );
 }

@@ -279,10 +279,12 @@ impl Bank {
         let row = self.row(index)?;
         if index >= self.overlay.base_count {
             let record = self.overlay.payload_record(index);
+            // Replay checked the record's framing and CRC, not what it
+            // holds; the WAL record's offset is no longer known here.
             return decode_record(record, index).map_err(|e| BankError::Corrupt {
-                file: "WAL overlay".into(),
+                file: self.storage.describe(crate::storage::WAL_FILE),
                 offset_bytes: 0,
-                detail: e.to_string(),
+                detail: format!("the payload of node {index}, from a WAL record: {e}"),
             });
         }
         self.base.payload(&row)

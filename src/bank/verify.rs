@@ -185,6 +185,11 @@ impl Bank {
             if let Err(e) = self.check_links(&row) {
                 report.add_error(&self.storage.describe(""), e);
             }
+            // Replay checked the payload record's framing and CRC; what it
+            // holds is read here, as for checkpointed nodes.
+            if let Err(e) = self.payload(index) {
+                report.add_error(&self.storage.describe(""), e);
+            }
             if row.external_id_text().is_some() {
                 external_ids.push((hash_external_id(&row), index));
             }
