@@ -416,8 +416,9 @@ pub(crate) fn off_unit_norm(vector: &[f32]) -> Option<f32> {
     // The scan's dot kernel: a plain sequential sum was half of verify's
     // time (768 dependent adds per node).
     let norm = kernels::dot(vector, vector).sqrt();
-    // Written so that a NaN norm fails too.
-    (!((norm - 1.0).abs() <= STORED_NORM_TOLERANCE)).then_some(norm)
+    // A NaN norm (a NaN component) is within no tolerance: checked by
+    // name, as every comparison with it is false.
+    (norm.is_nan() || (norm - 1.0).abs() > STORED_NORM_TOLERANCE).then_some(norm)
 }
 
 /// The fields of a row that check its vector (FORMAT.md "Node row"): the
