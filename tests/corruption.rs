@@ -472,21 +472,7 @@ fn verify_reports_a_forged_vector_off_the_unit_sphere() {
 fn a_wal_record_with_a_forged_vector_off_the_unit_sphere_is_refused_at_open() {
     use deltamem::format::wal::WalOp;
     for bad in [f32::NAN, f32::INFINITY, 2.0] {
-        let (storage, queries) = build();
-        let mut bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
-        let node = NewNode {
-            tree: "env".into(),
-            attach: Attach::Root,
-            label: Label::Success,
-            payload: Payload {
-                scenario: "in the WAL only".into(),
-                fields: BTreeMap::new(),
-            },
-            embedding: queries[0].clone(),
-            external_id: None,
-        };
-        bank.insert(node).unwrap();
-        drop(bank); // a crash: the node lives only in the WAL
+        let (storage, _) = with_a_node_in_the_wal();
         let at = rewrite_the_wal_record(&storage, |op| {
             if let WalOp::PutNode { row, vector, .. } = op {
                 let (forged, crc, sum) = forged_vector(vector, bad);
@@ -502,6 +488,27 @@ fn a_wal_record_with_a_forged_vector_off_the_unit_sphere_is_refused_at_open() {
             "{bad}: {e}"
         );
     }
+}
+
+/// The bank of `build` with one more node that lives only in its WAL (the
+/// writer dropped as after a crash), and that node's id.
+fn with_a_node_in_the_wal() -> (MemStorage, u32) {
+    let (storage, queries) = build();
+    let mut bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
+    let node = NewNode {
+        tree: "env".into(),
+        attach: Attach::Root,
+        label: Label::Success,
+        payload: Payload {
+            scenario: "in the WAL only, long enough to forge".into(),
+            fields: BTreeMap::new(),
+        },
+        embedding: queries[0].clone(),
+        external_id: None,
+    };
+    let id = bank.insert(node).unwrap().id;
+    drop(bank);
+    (storage, id)
 }
 
 /// Rewrites each op of the WAL's one record with `change`, the record
@@ -529,21 +536,7 @@ fn rewrite_the_wal_record(storage: &MemStorage, change: impl Fn(&mut deltamem::f
 fn a_wal_payload_that_does_not_decode_is_reported_by_verify_and_named_by_reads() {
     use deltamem::format::payload::{PAY_CRC_OFFSET, PAYLOAD_HEADER_SIZE_BYTES};
     use deltamem::format::wal::WalOp;
-    let (storage, queries) = build();
-    let mut bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
-    let node = NewNode {
-        tree: "env".into(),
-        attach: Attach::Root,
-        label: Label::Success,
-        payload: Payload {
-            scenario: "a scenario long enough to forge".into(),
-            fields: BTreeMap::new(),
-        },
-        embedding: queries[1].clone(),
-        external_id: None,
-    };
-    let id = bank.insert(node).unwrap().id;
-    drop(bank);
+    let (storage, id) = with_a_node_in_the_wal();
     rewrite_the_wal_record(&storage, |op| {
         if let WalOp::PutNode { payload_record, .. } = op {
             payload_record[PAYLOAD_HEADER_SIZE_BYTES..].fill(0xff);
