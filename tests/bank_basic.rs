@@ -349,6 +349,54 @@ fn external_ids_resolve_and_must_be_unique() {
     assert_eq!(bank.row(a.id).unwrap().external_id_text().unwrap(), uuid);
 }
 
+/// A torn row whose bytes are all gone (zeros) is scanned as its WAL
+/// image: in its own tree, with its own label, not as the zeros say (tree
+/// 0). Once only its lane sums came from the image, and it was scored as
+/// a node of the other tree.
+#[test]
+fn a_zeroed_torn_row_is_scanned_as_its_wal_image() {
+    use deltamem::storage::MemStorage;
+    use std::sync::Arc;
+    let storage = MemStorage::new();
+    let mut bank = Bank::create(Arc::new(storage.clone()), config(4)).unwrap();
+    let e = bank
+        .insert(node("env", Attach::Root, Label::Failure, "e", vec![0.0, 1.0, 0.0, 0.0]))
+        .unwrap();
+    let t = bank
+        .insert(node(
+            "task",
+            Attach::Root,
+            Label::Success,
+            "t",
+            vec![1.0, 0.0, 0.0, 0.0],
+        ))
+        .unwrap();
+    bank.close().unwrap();
+    let mut bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
+    bank.success_hit(e.id).unwrap();
+    drop(bank); // crash: the hit, and the row's image, live in the WAL
+    let mut table = storage.file_bytes("nodes-000000.seg").unwrap();
+    let at = e.id as usize * deltamem::format::row::ROW_SIZE_BYTES;
+    table[at..at + deltamem::format::row::ROW_SIZE_BYTES].fill(0);
+    storage.set_file_bytes("nodes-000000.seg", table);
+
+    let bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
+    let options = QueryOptions {
+        k: 2,
+        tau: Some(-1.0),
+        eps: Some(0.25),
+        ..Default::default()
+    };
+    let ids = |tree: &str| -> Vec<(u32, f32)> {
+        let found = bank.query(tree, &[0.0, 1.0, 0.0, 0.0], &options).unwrap();
+        found.iter().map(|m| (m.id, m.score)).collect()
+    };
+    // The env node scores 1 less its failure penalty; the task node 0.
+    assert_eq!(ids("env"), vec![(e.id, 0.75)]);
+    assert_eq!(ids("task"), vec![(t.id, 0.0)]);
+    assert!(bank.verify().unwrap().is_ok());
+}
+
 #[test]
 fn row_torn_by_a_crashed_checkpoint_is_repaired_from_the_wal() {
     use deltamem::storage::MemStorage;

@@ -235,11 +235,11 @@ pub(crate) struct Base {
     /// needs nobody to check ahead of it.
     prepared: AtomicU32,
     payload_file: Mutex<Option<Arc<dyn StorageFile>>>,
-    /// Rows torn by a crashed checkpoint whose WAL image replaces them
-    /// (see `Bank::seed_torn_rows`), with that image's lane sums
-    /// (`vector_sum32`, `qvector_sum32`): the segment check does not read
-    /// their stored bytes, and the scan checks their vectors against these.
-    pub superseded: std::collections::BTreeMap<u32, (u32, u32)>,
+    /// Rows torn by a crashed checkpoint, with the WAL image that replaces
+    /// them (see `Bank::seed_torn_rows`): the scan reads a copy of their
+    /// segment's node table with these images written in (`with_images`),
+    /// so it neither fails on their torn bytes nor trusts them.
+    pub superseded: std::collections::BTreeMap<u32, Row>,
     /// Read-only handles retry rows that fail their checksum (see
     /// `decode_row`); the writer never races itself.
     pub retry_torn_rows: bool,
@@ -329,7 +329,7 @@ impl Base {
             return Ok(maps); // prepared while this thread waited
         }
         let trusted = self.segments.read().unwrap()[segment as usize].trusted;
-        let table = self.part(segment, Part::Table)?;
+        let table = self.with_images(segment, self.part(segment, Part::Table)?);
         let rows = self.rows_in(segment);
         let checked = match trusted {
             true => TableFacts {
@@ -351,6 +351,28 @@ impl Base {
         self.segments.write().unwrap()[segment as usize].scan = Some(maps.clone());
         self.prepared.fetch_add(1, Ordering::Release);
         Ok(maps)
+    }
+
+    /// The segment's node table, or a copy of it with the WAL images of
+    /// its superseded rows written in: every field the scan reads in place
+    /// (tree, label, flags, lane sums, `vector_crc32`) then comes from the
+    /// image (immutable fields are the same in every image; the newest
+    /// flags come from the overlay as for any row changed since the
+    /// checkpoint). A torn row once failed every scan, blaming its vector.
+    fn with_images(&self, segment: u32, table: Mapping) -> Mapping {
+        let first = segment * self.rows_per_segment;
+        let mut images = self.superseded.range(first..first + self.rows_in(segment)).peekable();
+        if images.peek().is_none() {
+            return table;
+        }
+        let mut bytes = table.to_vec();
+        for (&index, image) in images {
+            let at = (index - first) as usize * ROW_SIZE_BYTES;
+            if let Some(row) = bytes.get_mut(at..at + ROW_SIZE_BYTES) {
+                row.copy_from_slice(&image.encode());
+            }
+        }
+        crate::storage::snapshot(&bytes)
     }
 
     fn prepared_maps(&self, segment: u32) -> Option<Arc<SegmentMaps>> {
@@ -487,21 +509,6 @@ impl Base {
         });
         let (mut trees, mut flagged) = (TreeSet::default(), false);
         for index in first..first + rows {
-            if let Some(&(sum, qsum)) = self.superseded.get(&index) {
-                // Its WAL image replaces it: not read here, and never
-                // trusted by a summary (its stored bytes may be torn).
-                // The image's lane sums are the row's (they are fixed
-                // when the node is written), so its vector is checked
-                // against them like any other.
-                if sums {
-                    facts.sums.push(sum);
-                    if self.qstride_bytes.is_some() {
-                        facts.qsums.push(qsum);
-                    }
-                }
-                trees.mixed = true;
-                continue;
-            }
             let at = (index - first) as usize * ROW_SIZE_BYTES;
             let b: &[u8; ROW_SIZE_BYTES] = table[at..at + ROW_SIZE_BYTES].try_into().expect("a whole row");
             let (tree, consolidated, sum, qsum) = if Row::passes_checks(b, index, self.row_bounds()) {

@@ -418,9 +418,7 @@ impl Bank {
                 && self.base.row(row.index).is_err()
             {
                 self.overlay.patched.insert(row.index, row.clone());
-                self.base
-                    .superseded
-                    .insert(row.index, (row.vector_sum32, row.qvector_sum32));
+                self.base.superseded.insert(row.index, row.clone());
             }
         }
     }

@@ -8,6 +8,7 @@ mod gated;
 mod mem;
 pub mod sim;
 mod snapshot;
+pub(crate) use snapshot::snapshot;
 pub mod wal;
 
 use std::io;
