@@ -44,7 +44,7 @@ pub struct ServeArgs {
     max_dumps: usize,
     /// Most MiB of large answers (1 MiB or more, e.g. a batch query's)
     /// held at once while clients read them (more are answered 503).
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(16..=1 << 20))]
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
     max_answer_mib: u32,
     /// Checkpoint once the WAL holds this many MiB: a larger WAL means
     /// fewer checkpoints and a longer replay after a crash.

@@ -140,6 +140,7 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
     // A matched path is an Arc'd str: cloned, not copied, per request.
     let matched = request.extensions().get::<MatchedPath>().cloned();
     let unmatched = unmatched_route(request.uri().path());
+    let counted = answer_counted(request.method(), matched.as_ref());
     let response = match authorised(&state, &request) {
         true => match check_host(&request)
             .and_then(|()| {
@@ -148,7 +149,13 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
             })
             .and_then(|()| check_framing(request.headers(), &state.limits))
         {
-            Ok(()) => held_while_sent(&state, next.run(request).await),
+            Ok(()) => {
+                let response = next.run(request).await;
+                match counted {
+                    true => held_while_sent(&state, response),
+                    false => response,
+                }
+            }
             Err(e) => e.into_response(),
         },
         false => {
@@ -162,6 +169,21 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
     let route = matched.as_ref().map_or(unmatched, MatchedPath::as_str);
     state.core.metrics().request(route, response.status().as_u16(), seconds);
     response
+}
+
+/// The POST routes that only read: their large answers count against
+/// `Limits::answer_mib` as GETs' do. A write's answer never does: the
+/// write is made by then, and a 503 in place of its acknowledgement
+/// would have the client write it again.
+const READING_POSTS: [&str; 3] = [
+    "/v1/trees/{tree}/query",
+    "/v1/trees/{tree}/query_batch",
+    "/v1/summaries",
+];
+
+fn answer_counted(method: &axum::http::Method, matched: Option<&MatchedPath>) -> bool {
+    *method == axum::http::Method::GET
+        || (*method == axum::http::Method::POST && matched.is_some_and(|m| READING_POSTS.contains(&m.as_str())))
 }
 
 /// Answers from this size on count against `Limits::answer_mib`.
