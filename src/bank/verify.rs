@@ -51,11 +51,14 @@ impl VerifyReport {
     /// listed: a damaged row fails both the row's read and its segment's
     /// mapping, and was counted twice.
     fn add(&mut self, file: String, offset_bytes: u64, detail: String) {
+        if self.problems.len() >= MAX_PROBLEMS {
+            return;
+        }
         let listed = self
             .problems
             .iter()
             .any(|p| p.offset_bytes == offset_bytes && p.file == file && p.detail == detail);
-        if !listed && self.problems.len() < MAX_PROBLEMS {
+        if !listed {
             self.problems.push(Problem {
                 file,
                 offset_bytes,

@@ -112,12 +112,13 @@ fn unreadable_at(buf: &[u8], at: usize, prev_crc: u32, lsn: u64) -> Option<WalDa
     let detail = crate::format::wal::unreadable_intact_record(prev_crc, lsn, &buf[at..])?;
     let h = decode_record_header(&buf[at..]).ok()?;
     let len = RECORD_HEADER_SIZE_BYTES + h.body_size_bytes as usize;
-    let after = follow_chain(buf, at + len, h.crc, lsn + 1);
+    // A forged header may put the LSN at the top of its range.
+    let after = follow_chain(buf, at + len, h.crc, lsn.checked_add(1)?);
     Some(WalDamage {
         offset_bytes: at as u64,
         lsn,
         intact_offset_bytes: at as u64,
-        dropped_lsns: lsn..=lsn + after.records.len() as u64,
+        dropped_lsns: lsn..=lsn.saturating_add(after.records.len() as u64),
         detail,
     })
 }
