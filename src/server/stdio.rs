@@ -99,7 +99,7 @@ where
     let mut line = Vec::new();
     let mut stop = std::pin::pin!(stop);
     let mut stopping = false;
-    let mut initializing = false;
+    let mut initialized = false;
     loop {
         if line.capacity() > KEPT_LINE_BYTES {
             line = Vec::new(); // a 64 MiB line does not pin 64 MiB for good
@@ -130,14 +130,14 @@ where
             continue; // nothing was asked: neither forwarded nor answered
         }
         match refusal(&line, line_bytes, limits) {
-            None if !initializing && !opens_the_session(&line) => {
-                // rmcp ends the session (and the process) at anything but
-                // a request before `initialize`; a notification has no
-                // answer and a response no question, so neither is sent.
+            // rmcp ends the session (and the process) at anything but a
+            // request before `initialize`; a notification has no answer
+            // and a response no question, so neither is sent. Only lines
+            // before `initialize` are looked at again.
+            None if !initialized && !request_before_initialize(&line, &mut initialized) => {
                 eprintln!("deltamem mcp: ignored a notification or response sent before `initialize`");
             }
             None => {
-                initializing |= is_initialize(&line);
                 line.push(b'\n');
                 to_rmcp.write_all(&line).await?;
                 to_rmcp.flush().await?;
@@ -167,18 +167,16 @@ struct Head<'a> {
     id: Option<&'a RawValue>,
 }
 
-fn head(line: &[u8]) -> Option<Head<'_>> {
-    serde_json::from_slice(line).ok()
-}
-
-/// A request (a method and an id): rmcp answers one sent before
-/// `initialize` with an error and goes on.
-fn opens_the_session(line: &[u8]) -> bool {
-    head(line).is_some_and(|h| h.method.is_some() && h.id.is_some())
-}
-
-fn is_initialize(line: &[u8]) -> bool {
-    head(line).is_some_and(|h| h.method.as_deref() == Some("initialize") && h.id.is_some())
+/// Whether a line sent before `initialize` is a request (a method and an
+/// id: rmcp answers one with an error and goes on); `initialized` is set
+/// when it is `initialize` itself.
+fn request_before_initialize(line: &[u8], initialized: &mut bool) -> bool {
+    let Ok(head) = serde_json::from_slice::<Head<'_>>(line) else {
+        return false;
+    };
+    let request = head.method.is_some() && head.id.is_some();
+    *initialized = request && head.method.as_deref() == Some("initialize");
+    request
 }
 
 /// JSON-RPC's code for a request that is not a valid request object.
