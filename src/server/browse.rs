@@ -161,11 +161,7 @@ pub async fn dump(State(state): State<AppState>, tree: Result<Path<String>, Path
             })
         }
     });
-    let stream = futures_util::stream::once(async { Ok(first) }).chain(rest);
-    let stream = futures_util::StreamExt::map(stream, move |chunk| {
-        let _held = &permit;
-        chunk
-    });
+    let stream = super::http::holding(futures_util::stream::once(async { Ok(first) }).chain(rest), permit);
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         Body::from_stream(stream),

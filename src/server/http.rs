@@ -209,11 +209,22 @@ fn held_while_sent(state: &AppState, response: Response) -> Response {
     let (mut parts, body) = response.into_parts();
     // The stream below has no size of its own: the length stays declared.
     parts.headers.insert(header::CONTENT_LENGTH, size_bytes.into());
-    let stream = futures_util::StreamExt::map(body.into_data_stream(), move |chunk| {
+    Response::from_parts(
+        parts,
+        axum::body::Body::from_stream(holding(body.into_data_stream(), permit)),
+    )
+}
+
+/// `stream`, keeping `permit` until the stream is dropped: its body was
+/// sent, or the connection was cut.
+pub(super) fn holding<S: futures_util::Stream>(
+    stream: S,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> impl futures_util::Stream<Item = S::Item> {
+    futures_util::StreamExt::map(stream, move |chunk| {
         let _held = &permit;
         chunk
-    });
-    Response::from_parts(parts, axum::body::Body::from_stream(stream))
+    })
 }
 
 /// A POST to `/mcp` is read here (within the body's size and time
