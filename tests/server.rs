@@ -146,6 +146,8 @@ fn the_openapi_document_states_the_banks_bounds() {
     let (_dir, path) = bank(DIM as u32);
     let server = Server::start(&path, &["--max-batch", "2"]);
     let doc = server.get("/openapi.json");
+    // No token: a request may go with or without one.
+    assert_eq!(doc["security"], json!([{}, {"bearer": []}]));
     let schemas = &doc["components"]["schemas"];
     let spellings = &schemas["InsertRequest"]["properties"]["embedding"]["anyOf"];
     let embedding = &spellings[0];
@@ -238,12 +240,15 @@ fn the_openapi_document_states_the_banks_bounds() {
         (schema["minimum"].as_u64().unwrap(), schema["maximum"].as_u64().unwrap())
     };
     for (path, name) in [
+        ("/v1/trees/{tree}/nodes", "limit"),
         ("/v1/trees/{tree}/outline", "limit"),
         ("/v1/trees/{tree}/history", "points"),
         ("/v1/trees/{tree}/history", "top"),
+        ("/v1/search", "limit"),
     ] {
         let (low, high) = range(path, name);
-        let url = |value: i64| format!("{}?{name}={value}", path.replace("{tree}", "env"));
+        let search = if path == "/v1/search" { "q=a&" } else { "" };
+        let url = |value: i64| format!("{}?{search}{name}={value}", path.replace("{tree}", "env"));
         server.get(&url(low as i64));
         server.get(&url(high as i64));
         assert_eq!(server.fails("GET", &url(low as i64 - 1), None, 400)["field"], name);
@@ -570,6 +575,11 @@ fn a_token_guards_every_request() {
     assert!(raw_exchange(&address, &head, b"").starts_with("HTTP/1.1 200"));
     server.token = Some(token.into());
     assert_eq!(server.get("/healthz")["ok"], true);
+    // The document says the token is required (it said optional), and
+    // lists 403 (a foreign Host or Origin) among the error answers.
+    let doc = server.get("/openapi.json");
+    assert_eq!(doc["security"], json!([{"bearer": []}]));
+    assert!(doc["paths"]["/v1/nodes"]["post"]["responses"]["403"].is_object());
     server.post("/v1/nodes", &node("task", json!("root"), "a", &one_hot(0)));
 
     // Beyond loopback, no token: refuses to start.
@@ -885,6 +895,24 @@ fn a_malformed_mcp_message_gets_a_json_rpc_error() {
     assert!(
         status.contains(" 200 ") && answer.contains("deltamem"),
         "{status} {answer}"
+    );
+    assert_eq!(server.terminate(), 0);
+
+    // Under the default limit (16 MiB) a 5 MiB message reaches rmcp, whose
+    // own limit (4 MiB) answered 413 to what the JSON API took.
+    let server = Server::start(&path, &[]);
+    let padded = MCP_INITIALIZE.replace(
+        r#""capabilities":{}"#,
+        &format!(
+            r#""capabilities":{{"experimental":{{"pad":{{"x":"{}"}}}}}}"#,
+            "x".repeat(5 << 20)
+        ),
+    );
+    let answer = mcp_post(&server.address(), &padded);
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.contains("deltamem"),
+        "{}",
+        &answer[..answer.len().min(300)]
     );
     assert_eq!(server.terminate(), 0);
 }

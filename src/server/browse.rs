@@ -56,11 +56,10 @@ pub async fn tree_nodes(
 ) -> ApiResult<Json<NodePage>> {
     let tree = tree_name(tree)?;
     let params = query_params(params)?;
-    let max = state.limits.page_items as u32;
-    let limit = params.limit.unwrap_or(100);
-    if limit > max {
-        return Err(ApiError::bad_field("limit", format!("limit {limit} is above {max}")));
-    }
+    // The page size the OpenAPI document states (1..=page_items): an
+    // empty page asked for is a mistake, not a query.
+    let limit = params.limit.map_or(100, |l| l as usize);
+    let limit = within("limit", limit, 1, state.limits.page_items)? as u32;
     state
         .blocking(move |core| {
             let (page, total) = tree_page(core, &tree, params.offset, limit)?;
@@ -248,13 +247,12 @@ pub async fn search(
     params: Result<Query<SearchParams>, QueryRejection>,
 ) -> ApiResult<Json<NodeList>> {
     let params = query_params(params)?;
-    let limit = params.limit.unwrap_or(SEARCH_DEFAULT_LIMIT);
-    if limit == 0 || limit > state.limits.page_items {
-        return Err(ApiError::bad_field(
-            "limit",
-            format!("limit must be in 1..={}", state.limits.page_items),
-        ));
-    }
+    let limit = within(
+        "limit",
+        params.limit.unwrap_or(SEARCH_DEFAULT_LIMIT),
+        1,
+        state.limits.page_items,
+    )?;
     let request_ms = state.limits.request_ms;
     state
         .blocking_until(move |core, deadline| {

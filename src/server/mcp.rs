@@ -359,11 +359,14 @@ impl<M: Memory> ServerHandler for MemoryTools<M> {
     }
 }
 
-/// The tools on Streamable HTTP, as a router nested at `/mcp`.
+/// The tools on Streamable HTTP, as a router nested at `/mcp`, taking
+/// bodies up to the server's `body_bytes` like every other route (rmcp's
+/// own default, 4 MiB, refused a batch the JSON API takes).
 pub fn http_service<S: Clone + Send + Sync + 'static>(
     core: Arc<Core>,
     bound: &super::ListenAddr,
     cancel: CancellationToken,
+    body_bytes: usize,
 ) -> Router<S> {
     let memory = Arc::new(core);
     // Host validation guards a loopback server against DNS rebinding; the
@@ -371,7 +374,8 @@ pub fn http_service<S: Clone + Send + Sync + 'static>(
     let hosts = super::http::local_names(bound);
     let config = StreamableHttpServerConfig::default()
         .with_cancellation_token(cancel)
-        .with_allowed_hosts(hosts);
+        .with_allowed_hosts(hosts)
+        .with_max_request_body_bytes(body_bytes);
     let sessions = Arc::new(LocalSessionManager::default());
     let service = StreamableHttpService::new(move || Ok(MemoryTools::new(memory.clone())), sessions.clone(), config);
     let cap = axum::middleware::from_fn(move |request, next| cap_sessions(sessions.clone(), request, next));

@@ -159,7 +159,7 @@ async fn run_on<L: listen::Accept>(
         dumps: Arc::new(tokio::sync::Semaphore::new(config.limits.dumps.max(1))),
         answers: Arc::new(tokio::sync::Semaphore::new(config.limits.answer_mib as usize)),
     };
-    let mcp = mcp::http_service(core, &bound, cancel.clone());
+    let mcp = mcp::http_service(core, &bound, cancel.clone(), config.limits.body_bytes);
     let app = http::router(state, mcp);
     let stop = shutdown_signal()?;
     ready(&bound);

@@ -231,7 +231,7 @@ fn constrain_agent_schemas(schemas: &mut Map<String, Value>) {
 fn constrain_agent_schemas(_: &mut Map<String, Value>) {}
 
 /// Statuses every operation may answer with an error body.
-const ERROR_STATUSES: [&str; 9] = ["400", "401", "404", "405", "408", "409", "413", "415", "503"];
+const ERROR_STATUSES: [&str; 10] = ["400", "401", "403", "404", "405", "408", "409", "413", "415", "503"];
 
 /// What the serving bank and the server's limits allow, beyond what the
 /// types say: written into the document so that a client, and a fuzzer
@@ -245,6 +245,8 @@ pub struct Bounds {
     pub k_max: usize,
     /// Most nodes a page or a search answers with.
     pub page_items: usize,
+    /// Whether every request must carry the bearer token.
+    pub token_required: bool,
 }
 
 pub fn document(bounds: &Bounds) -> Value {
@@ -308,7 +310,12 @@ pub fn document(bounds: &Bounds) -> Value {
             "schemas": schemas,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}
         },
-        "security": [{"bearer": []}, {}]
+        // Without a token a bearer header may still be sent (it is not
+        // checked); with one, no request goes without it.
+        "security": match bounds.token_required {
+            true => json!([{"bearer": []}]),
+            false => json!([{}, {"bearer": []}]),
+        }
     })
 }
 

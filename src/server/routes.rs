@@ -127,6 +127,7 @@ async fn openapi(State(state): State<AppState>) -> ApiResult<Json<serde_json::Va
         state.limits.page_items,
         state.limits.page_items,
     );
+    let token_required = state.token.is_some();
     state
         .blocking(move |core| {
             let bounds = super::openapi::Bounds {
@@ -135,6 +136,7 @@ async fn openapi(State(state): State<AppState>) -> ApiResult<Json<serde_json::Va
                 batch_items,
                 k_max,
                 page_items,
+                token_required,
             };
             Ok(Json(super::openapi::document(&bounds)))
         })
