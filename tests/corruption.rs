@@ -490,6 +490,63 @@ fn a_wal_record_with_a_forged_vector_off_the_unit_sphere_is_refused_at_open() {
     }
 }
 
+/// A record refused at replay is damage like a record that fails its
+/// checksum: open names it and `repair`, and `repair` drops it and what
+/// follows, keeping the records before it (it could not drop it: the bank
+/// stayed unopenable for good).
+#[test]
+fn a_refused_wal_record_is_damage_that_repair_drops() {
+    use deltamem::format::wal::WalOp;
+    let (storage, first) = with_a_node_in_the_wal();
+    let mut bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
+    let mut embedding = vec![0.0; DIM];
+    embedding[1] = 1.0;
+    let node = NewNode {
+        tree: "task".into(),
+        attach: Attach::Root,
+        label: Label::Success,
+        payload: Payload {
+            scenario: "the second WAL record".into(),
+            fields: BTreeMap::new(),
+        },
+        embedding,
+        external_id: None,
+    };
+    let second = bank.insert(node.clone()).unwrap().id;
+    drop(bank);
+    let at = rewrite_the_last_wal_record(&storage, |op| {
+        if let WalOp::PutNode { row, vector, .. } = op {
+            let (forged, crc, sum) = forged_vector(vector, 2.0);
+            (*vector, row.vector_crc32, row.vector_sum32) = (forged, crc, sum);
+        }
+    });
+    for read_only in [false, true] {
+        let options = OpenOptions {
+            read_only,
+            ..OpenOptions::default()
+        };
+        let e = Bank::open(Arc::new(storage.clone()), options)
+            .err()
+            .unwrap()
+            .to_string();
+        let named = ["wal.log", &format!("offset {at}"), "norm", "--drop-damaged-wal-tail"];
+        assert!(named.iter().all(|n| e.contains(n)), "{e}");
+    }
+    let damage = Bank::repair(Arc::new(storage.clone()))
+        .unwrap()
+        .expect("a record dropped");
+    assert_eq!(damage.offset_bytes, at as u64);
+    assert_eq!(damage.dropped_lsns.start(), damage.dropped_lsns.end());
+    let mut bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
+    assert_eq!(bank.node_count(), second);
+    assert_eq!(
+        bank.payload(first).unwrap().scenario,
+        "in the WAL only, long enough to forge"
+    );
+    assert!(bank.verify().unwrap().problems.is_empty());
+    assert_eq!(bank.insert(node).unwrap().id, second);
+}
+
 /// The bank of `build` with one more node that lives only in its WAL (the
 /// writer dropped as after a crash), and that node's id.
 fn with_a_node_in_the_wal() -> (MemStorage, u32) {
@@ -514,14 +571,29 @@ fn with_a_node_in_the_wal() -> (MemStorage, u32) {
 /// Rewrites each op of the WAL's one record with `change`, the record
 /// framed again (a forgery that passes every checksum); its offset.
 fn rewrite_the_wal_record(storage: &MemStorage, change: impl Fn(&mut deltamem::format::wal::WalOp)) -> usize {
-    use deltamem::format::wal::{decode_ops, encode_ops, encode_record};
     let scan = deltamem::storage::wal::scan(storage).unwrap();
     assert_eq!(scan.records.len(), 1);
-    let record = scan.records[0].clone();
+    rewrite_the_last_wal_record(storage, change)
+}
+
+/// `rewrite_the_wal_record` for the last of the WAL's records, chained
+/// from the one before it.
+fn rewrite_the_last_wal_record(storage: &MemStorage, change: impl Fn(&mut deltamem::format::wal::WalOp)) -> usize {
+    use deltamem::format::wal::{decode_ops, decode_record_header, encode_ops, encode_record};
+    let scan = deltamem::storage::wal::scan(storage).unwrap();
+    let record = scan.records.last().unwrap().clone();
     let mut ops = decode_ops(scan.body(&record), record.op_count, DIM as u32).unwrap();
     ops.iter_mut().for_each(change);
-    let (framed, _) = encode_record(scan.header.chain_seed(), record.lsn, record.op_count, &encode_ops(&ops));
     let mut wal = storage.file_bytes("wal.log").unwrap();
+    let prev_crc = match scan.records.len() {
+        1 => scan.header.chain_seed(),
+        n => {
+            decode_record_header(&wal[scan.records[n - 2].offset_bytes as usize..])
+                .unwrap()
+                .crc
+        }
+    };
+    let (framed, _) = encode_record(prev_crc, record.lsn, record.op_count, &encode_ops(&ops));
     let at = record.offset_bytes as usize;
     assert_eq!(framed.len(), scan.body(&record).len() + 24, "same size");
     wal[at..at + framed.len()].copy_from_slice(&framed);

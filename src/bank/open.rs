@@ -340,7 +340,7 @@ impl Bank {
         } else {
             Some(storage.try_lock_writer()?)
         };
-        let (manifest, wal_scan) = read_consistent_state(storage.as_ref(), options.read_only)?;
+        let (manifest, mut wal_scan) = read_consistent_state(storage.as_ref(), options.read_only)?;
         if manifest.is_frozen() && !options.read_only {
             return Err(BankError::ReadOnly(format!(
                 "{} is frozen; open it read-only",
@@ -349,19 +349,36 @@ impl Bank {
         }
         let stale = wal_scan.header.salt != manifest.wal_salt;
         check_wal_start(storage.as_ref(), &manifest, &wal_scan, lock.is_some())?;
-        let damage = if stale { None } else { wal_scan.damage.clone() };
+        let may_drop = drop_damaged && lock.is_some();
+        let mut damage = if stale { None } else { wal_scan.damage.clone() };
         if let Some(d) = &damage
-            && !(drop_damaged && lock.is_some())
+            && !may_drop
         {
             return Err(BankError::wal_damaged(storage.describe(WAL_FILE), d));
         }
-        let mut bank = Bank::assemble(storage.clone(), manifest, None);
-        bank.base.retry_torn_rows = options.read_only;
-        if options.read_only {
-            bank.base.hold_files();
-        }
+        let fresh = || {
+            let mut bank = Bank::assemble(storage.clone(), manifest.clone(), None);
+            bank.base.retry_torn_rows = options.read_only;
+            if options.read_only {
+                bank.base.hold_files();
+            }
+            bank
+        };
+        let mut bank = fresh();
         if !stale {
-            bank.replay(&wal_scan)?;
+            if let Err(refused) = bank.replay(&wal_scan) {
+                let (index, detail) = refused.into_record()?;
+                let refused = wal_scan.refused(index, detail);
+                if !may_drop {
+                    return Err(BankError::wal_damaged(storage.describe(WAL_FILE), &refused));
+                }
+                // Replayed again from nothing: the torn rows' images the
+                // dropped records held must not stay behind.
+                wal_scan.cut_before(index, refused.clone(), storage.describe(WAL_FILE));
+                damage = Some(refused);
+                bank = fresh();
+                bank.replay(&wal_scan).map_err(Refused::into_error)?;
+            }
             bank.wal_seen = options.read_only.then(|| wal_scan.position());
         }
         if let Some(lock) = lock {
@@ -384,23 +401,30 @@ impl Bank {
     }
 
     /// Applies the records the checkpoint lacks. A record whose CRC holds
-    /// but whose ops contradict the bank is corruption, not a torn tail.
-    fn replay(&mut self, wal_scan: &WalScan) -> Result<(), BankError> {
+    /// but whose ops do not decode or contradict the bank is damage, not a
+    /// torn tail: replay stops there and says which record it was.
+    fn replay(&mut self, wal_scan: &WalScan) -> Result<(), Refused> {
         let desc = self.storage.describe(crate::storage::WAL_FILE);
         let mut txns = Vec::new();
-        for record in wal_scan.records.iter().filter(|r| r.lsn > self.manifest.checkpoint_lsn) {
+        for (index, record) in wal_scan.records.iter().enumerate() {
+            if record.lsn <= self.manifest.checkpoint_lsn {
+                continue;
+            }
             let at = record.offset_bytes + crate::format::wal::RECORD_HEADER_SIZE_BYTES as u64;
-            let ops = decode_ops(wal_scan.body(record), record.op_count, self.manifest.dim_count)
-                .map_err(|e| StorageError::corrupt(desc.clone(), at, e))?;
-            txns.push((record, ops));
-        }
-        self.seed_torn_rows(&txns);
-        for (record, ops) in txns {
-            self.apply_txn(ops).map_err(|e| BankError::Corrupt {
-                file: desc.clone(),
-                offset_bytes: record.offset_bytes,
-                detail: format!("record {} cannot be applied: {e}", record.lsn),
+            let ops = decode_ops(wal_scan.body(record), record.op_count, self.manifest.dim_count).map_err(|e| {
+                let detail = format!("its ops do not decode: {e}");
+                Refused::Record {
+                    index,
+                    error: StorageError::corrupt(desc.clone(), at, e).into(),
+                    detail,
+                }
             })?;
+            txns.push((index, record, ops));
+        }
+        self.seed_torn_rows(txns.iter().map(|(_, _, ops)| ops));
+        for (index, record, ops) in txns {
+            self.apply_txn(ops)
+                .map_err(|e| Refused::of_apply(index, record, &desc, e))?;
         }
         Ok(())
     }
@@ -410,8 +434,8 @@ impl Bank {
     /// (that is why it was being rewritten), so a row that no longer
     /// decodes but is rewritten by the WAL takes its first WAL image: its
     /// immutable fields, all that validation reads, are the same in all.
-    fn seed_torn_rows(&mut self, txns: &[(&crate::storage::wal::ScannedRecord, Vec<WalOp>)]) {
-        for op in txns.iter().flat_map(|(_, ops)| ops) {
+    fn seed_torn_rows<'a>(&mut self, txns: impl Iterator<Item = &'a Vec<WalOp>>) {
+        for op in txns.flatten() {
             if let WalOp::PutRow { row } = op
                 && row.index < self.base.node_count
                 && !self.overlay.patched.contains_key(&row.index)
@@ -420,6 +444,50 @@ impl Bank {
                 self.overlay.patched.insert(row.index, row.clone());
                 self.base.superseded.insert(row.index, row.clone());
             }
+        }
+    }
+}
+
+/// Why replay stopped.
+enum Refused {
+    /// Record `index` of the scan is intact but cannot be taken: its ops
+    /// do not decode or contradict the bank. `repair` can drop it and the
+    /// records after it.
+    Record {
+        index: usize,
+        error: BankError,
+        detail: String,
+    },
+    /// The bank's own files failed (an I/O error, a damaged row the record
+    /// reads): not the record's fault, so no repair drops it.
+    Bank(BankError),
+}
+
+impl Refused {
+    fn of_apply(index: usize, record: &crate::storage::wal::ScannedRecord, desc: &str, e: BankError) -> Refused {
+        if let BankError::Storage(_) = e {
+            return Refused::Bank(e);
+        }
+        let detail = format!("it cannot be applied: {e}");
+        let error = BankError::Corrupt {
+            file: desc.to_string(),
+            offset_bytes: record.offset_bytes,
+            detail: format!("record {} cannot be applied: {e}", record.lsn),
+        };
+        Refused::Record { index, error, detail }
+    }
+
+    /// The refused record's index and why, or the bank's own error.
+    fn into_record(self) -> Result<(usize, String), BankError> {
+        match self {
+            Refused::Record { index, detail, .. } => Ok((index, detail)),
+            Refused::Bank(e) => Err(e),
+        }
+    }
+
+    fn into_error(self) -> BankError {
+        match self {
+            Refused::Record { error, .. } | Refused::Bank(error) => error,
         }
     }
 }

@@ -61,6 +61,46 @@ impl WalScan {
         self.records.last().map_or(self.header.start_lsn, |r| r.lsn + 1)
     }
 
+    /// Record `index` as damage: intact, but the bank refuses it (its ops
+    /// do not decode or contradict the bank, FORMAT.md §8). It and every
+    /// record after it, through any damage the scan found further on, are
+    /// what a truncation there drops.
+    pub fn refused(&self, index: usize, detail: String) -> WalDamage {
+        let record = &self.records[index];
+        let last = self.records.last().expect("a record was refused").lsn;
+        let last = self.damage.as_ref().map_or(last, |d| last.max(*d.dropped_lsns.end()));
+        WalDamage {
+            offset_bytes: record.offset_bytes,
+            lsn: record.lsn,
+            intact_offset_bytes: record.offset_bytes,
+            dropped_lsns: record.lsn..=last,
+            detail,
+        }
+    }
+
+    /// Ends the scan before record `index` (`refused`): the records kept
+    /// are the ones before it, and a writer resumed with `drop_damaged`
+    /// truncates the file there.
+    pub fn cut_before(&mut self, index: usize, damage: WalDamage, desc: String) {
+        assert_eq!(damage.offset_bytes, self.records[index].offset_bytes);
+        self.last_crc = match index.checked_sub(1) {
+            None => self.header.chain_seed(),
+            Some(before) => {
+                let at = self.records[before].offset_bytes as usize;
+                decode_record_header(&self.buf[at..]).expect("a scanned record").crc
+            }
+        };
+        self.valid_end_bytes = damage.offset_bytes;
+        self.records.truncate(index);
+        let refused = crate::format::FormatError::Invalid {
+            what: "WAL record",
+            offset_bytes: 0,
+            detail: format!("record {} is refused: {}", damage.lsn, damage.detail),
+        };
+        self.stop_reason = Some(StorageError::corrupt(desc, damage.offset_bytes, refused));
+        self.damage = Some(damage);
+    }
+
     pub fn body(&self, record: &ScannedRecord) -> &[u8] {
         &self.buf[record.body.clone()]
     }

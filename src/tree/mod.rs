@@ -192,6 +192,15 @@ pub fn shape_violation<E>(
             row.depth
         )));
     }
+    // FORMAT.md §4: only a consolidation sets a link, and its flag says
+    // which end this node is. A stray link was dumped, then dropped by a
+    // compact, and `verify` saw nothing.
+    if row.link != crate::format::NODE_NONE && !row.is_consolidated() && !row.is_consolidated_root() {
+        return Ok(Some(format!(
+            "node {index}: link {} without a consolidation flag",
+            row.link
+        )));
+    }
     match (row.parent(), row.node_type) {
         (None, NodeType::Root) if row.depth == 1 => Ok(None),
         (Some(p), NodeType::Residual) if p < index => {
@@ -308,7 +317,27 @@ mod tests {
             (shaped(1, 0, 1, NodeType::Root, 2), "Root at depth 2"),
             (shaped(1, 0, 0, NodeType::Residual, 2), "parent 0 has tree 1 depth 1"),
             (shaped(1, 0, 1, NodeType::Residual, 3), "parent 0 has tree 1 depth 1"),
+            (
+                Row {
+                    link: 0,
+                    ..shaped(1, 0, 1, NodeType::Residual, 2)
+                },
+                "link 0 without a consolidation flag",
+            ),
         ];
+        // With either flag, a link is the consolidation's (checked for
+        // being mutual by verify).
+        for flags in [
+            crate::format::row::FLAG_CONSOLIDATED,
+            crate::format::row::FLAG_CONSOLIDATED_ROOT,
+        ] {
+            let linked = Row {
+                link: 0,
+                flags,
+                ..shaped(1, 0, 1, NodeType::Residual, 2)
+            };
+            assert_eq!(check(&linked), None);
+        }
         for (row, want) in bad {
             let got = check(&row).unwrap_or_else(|| panic!("{row:?} accepted"));
             assert!(got.contains(want), "{got:?} lacks {want:?}");
