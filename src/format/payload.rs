@@ -180,16 +180,74 @@ pub fn decode_record(record: &[u8], node_index: u32) -> Result<Payload, FormatEr
             offset_bytes: PAYLOAD_HEADER_SIZE_BYTES as u64,
             detail: format!("zstd: {e}"),
         })?;
-    postcard::from_bytes(&plain).map_err(|e| FormatError::Invalid {
+    let invalid = |detail: String| FormatError::Invalid {
         what: WHAT,
         offset_bytes: PAYLOAD_HEADER_SIZE_BYTES as u64,
-        detail: format!("postcard: {e}"),
-    })
+        detail,
+    };
+    let payload: Payload = postcard::from_bytes(&plain).map_err(|e| invalid(format!("postcard: {e}")))?;
+    // A payload has one encoding, the one `encode_record` writes. postcard
+    // also decodes keys out of order or repeated (the last one wins) and
+    // ignores bytes after the payload: such a record was not written by
+    // this engine, and what it holds differs from what it decodes to.
+    if postcard::to_extend(&payload, Vec::with_capacity(plain.len()))
+        .ok()
+        .as_deref()
+        != Some(&plain[..])
+    {
+        return Err(invalid(
+            "postcard: not the one encoding of its payload (keys out of order or repeated, or bytes after it)".into(),
+        ));
+    }
+    Ok(payload)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record of node 0 framing `plain` (postcard bytes) as it is.
+    fn framed(plain: &[u8]) -> Vec<u8> {
+        let mut out = vec![0; PAYLOAD_HEADER_SIZE_BYTES];
+        out.extend_from_slice(&raw_frame_header(plain.len()));
+        out.extend_from_slice(plain);
+        out[..4].copy_from_slice(&PAYLOAD_MAGIC);
+        let body_bytes = out.len() - PAYLOAD_HEADER_SIZE_BYTES;
+        put_u32(&mut out, PAY_BODY_SIZE_OFFSET, body_bytes as u32);
+        let crc = record_crc(&out);
+        put_u32(&mut out, PAY_CRC_OFFSET, crc);
+        out
+    }
+
+    /// postcard bytes of scenario "s" with `fields` in the order given.
+    fn plain(fields: &[(&str, &str)]) -> Vec<u8> {
+        let mut out = vec![1, b's', fields.len() as u8];
+        for (k, v) in fields {
+            out.push(k.len() as u8);
+            out.extend_from_slice(k.as_bytes());
+            out.push(v.len() as u8);
+            out.extend_from_slice(v.as_bytes());
+        }
+        out
+    }
+
+    #[test]
+    fn only_the_one_encoding_decodes() {
+        let sorted = plain(&[("a", "1"), ("b", "2")]);
+        let payload = decode_record(&framed(&sorted), 0).unwrap();
+        assert_eq!(payload.fields.len(), 2);
+        assert_eq!(encode_record(0, &payload), framed(&sorted));
+        let mut trailing = sorted.clone();
+        trailing.push(0);
+        for forged in [
+            plain(&[("b", "2"), ("a", "1")]),
+            plain(&[("a", "1"), ("a", "2")]),
+            trailing,
+        ] {
+            let e = decode_record(&framed(&forged), 0).unwrap_err().to_string();
+            assert!(e.contains("not the one encoding"), "{forged:?}: {e}");
+        }
+    }
 
     fn sample() -> Payload {
         let mut fields = BTreeMap::new();
