@@ -465,6 +465,65 @@ fn verify_reports_a_forged_vector_off_the_unit_sphere() {
     }
 }
 
+/// Every file of `storage` with its bytes.
+fn all_files(storage: &MemStorage) -> BTreeMap<String, Vec<u8>> {
+    let names = storage.file_names();
+    names
+        .into_iter()
+        .map(|n| (n.clone(), storage.file_bytes(&n).unwrap()))
+        .collect()
+}
+
+/// `compact` and `freeze` refuse a bank that `verify` finds damaged,
+/// naming the first problem, and change nothing: they copied a forged
+/// vector (and a dangling link, a wrong depth...) into files with fresh
+/// checksums that verified clean, and the checkpoint that compact starts
+/// with (or the one at close) wrote over a segment of the wrong size.
+#[test]
+fn compact_and_freeze_refuse_a_damaged_bank_and_change_nothing() {
+    let forge_off_sphere = |storage: &MemStorage| {
+        let mut bytes = storage.file_bytes("vectors-000000.seg").unwrap();
+        let stored: Vec<f32> = bytes[..DIM * 4]
+            .chunks_exact(4)
+            .map(|w| f32::from_le_bytes(w.try_into().unwrap()))
+            .collect();
+        let (forged, crc, sum) = forged_vector(&stored, 2.0);
+        let forged_bytes: Vec<u8> = forged.iter().flat_map(|x| x.to_le_bytes()).collect();
+        bytes[..DIM * 4].copy_from_slice(&forged_bytes);
+        storage.set_file_bytes("vectors-000000.seg", bytes);
+        forge_row(storage, 0, |r| (r.vector_crc32, r.vector_sum32) = (crc, sum));
+        ("vectors-000000.seg", "node 0 has norm")
+    };
+    let one_byte_longer = |storage: &MemStorage| {
+        let mut bytes = storage.file_bytes("vectors-000001.seg").unwrap();
+        bytes.push(0);
+        storage.set_file_bytes("vectors-000001.seg", bytes);
+        ("vectors-000001.seg", "bytes, expected")
+    };
+    let damages: [&dyn Fn(&MemStorage) -> (&'static str, &'static str); 2] = [&forge_off_sphere, &one_byte_longer];
+    for damage in damages {
+        let (storage, _) = with_a_node_in_the_wal();
+        let (file, said) = damage(&storage);
+        let before = all_files(&storage);
+        let mut bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
+        let target = MemStorage::new();
+        let e = bank.freeze_into(&target).unwrap_err().to_string();
+        assert!(
+            e.contains(file) && e.contains(said) && e.contains("freeze refuses"),
+            "{e}"
+        );
+        assert!(target.file_names().is_empty(), "{:?}", target.file_names());
+        let e = bank.compact().unwrap_err().to_string();
+        assert!(
+            e.contains(file) && e.contains(said) && e.contains("compact refuses"),
+            "{e}"
+        );
+        // Closing does not checkpoint over the damage either.
+        assert!(bank.close().is_err());
+        assert_eq!(all_files(&storage), before, "{file}");
+    }
+}
+
 /// The same forgery in a WAL record is refused when the record is
 /// replayed (at every open), naming the WAL and the record, rather than
 /// put into the bank to be dumped and exported as NaN.

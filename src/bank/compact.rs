@@ -102,6 +102,7 @@ impl Bank {
         if let Some(reason) = self.writer.as_ref().and_then(|w| w.poison_reason().cloned()) {
             return Err(BankError::Poisoned(reason));
         }
+        self.refuse_damaged("freeze")?;
         let present = target.list().map_err(StorageError::io("list", target.describe("")))?;
         if !present.is_empty() {
             return Err(BankError::BadConfig(format!(
@@ -148,15 +149,21 @@ impl Bank {
     pub fn compact(&mut self) -> Result<CompactReport, BankError> {
         self.check_writable()?;
         // Any I/O failure poisons, as everywhere else: simpler to reason
-        // about than telling harmless failures (new files only) apart.
+        // about than telling harmless failures (new files only) apart. So
+        // does damage found: a later checkpoint (at close) would write over
+        // some of it and leave the bank looking sound.
         self.compact_inner().inspect_err(|e| {
-            if matches!(e, BankError::Storage(_)) {
+            if matches!(e, BankError::Storage(_) | BankError::Corrupt { .. }) {
                 self.poison(format!("compact failed: {e}"));
             }
         })
     }
 
     fn compact_inner(&mut self) -> Result<CompactReport, BankError> {
+        // Before the checkpoint, which would write over some damage (a
+        // segment of the wrong size, a gap in the payload log) and so
+        // change the bank it then refuses.
+        self.refuse_damaged("compact")?;
         self.checkpoint()?;
         let storage = self.storage.clone();
         let bytes_before = self.data_file_bytes()?;
@@ -184,6 +191,30 @@ impl Bank {
             bytes_before,
             bytes_after: self.data_file_bytes()?,
             generation,
+        })
+    }
+
+    /// Refuses, naming the first problem, a bank that `verify` finds
+    /// damaged. A copy checks only what it reads (a vector against its
+    /// CRC, a payload record's framing), so it carried the rest of the
+    /// damage over (a dangling link, a wrong depth, a vector off the unit
+    /// sphere, a manifest that lost a node) under fresh checksums, where
+    /// no later `verify` could see it. The cost is one more read of the
+    /// bank, which the copy then reads again from the page cache.
+    fn refuse_damaged(&self, what: &str) -> Result<(), BankError> {
+        let report = self.verify()?;
+        let Some(first) = report.problems.first() else {
+            return Ok(());
+        };
+        Err(BankError::Corrupt {
+            file: first.file.clone(),
+            offset_bytes: first.offset_bytes,
+            detail: format!(
+                "{} ({} problem(s) in all, `deltamem verify` lists them); {what} refuses a damaged bank: its copy \
+                 would carry the damage over under fresh checksums",
+                first.detail,
+                report.problems.len()
+            ),
         })
     }
 
