@@ -465,6 +465,56 @@ fn verify_reports_a_forged_vector_off_the_unit_sphere() {
     }
 }
 
+/// A manifest forged (its CRC recomputed) to name the next generation,
+/// whose files do not exist: a writer open refuses it and deletes
+/// nothing (it deleted every data file of the real generation, the
+/// bank's only data, as a crashed compact's leftovers).
+#[test]
+fn a_manifest_naming_a_generation_without_files_deletes_nothing() {
+    use deltamem::format::manifest::Manifest;
+    let (storage, _) = build();
+    let mut manifest = Manifest::decode(&storage.file_bytes("MANIFEST").unwrap()).unwrap();
+    manifest.generation += 1;
+    storage.set_file_bytes("MANIFEST", manifest.encode().to_vec());
+    let before = all_files(&storage);
+    let e = Bank::open(Arc::new(storage.clone()), OpenOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("MANIFEST") && e.contains("generation 1") && e.contains("nothing was deleted"),
+        "{e}"
+    );
+    assert_eq!(all_files(&storage), before);
+}
+
+/// A WAL update that sets a link with no consolidation flag is refused at
+/// replay like a new node's (it was applied, and a checkpoint then wrote
+/// it into the segment, where no repair reaches).
+#[test]
+fn a_wal_update_with_a_stray_link_is_refused() {
+    use deltamem::format::wal::WalOp;
+    let (storage, id) = with_a_node_in_the_wal();
+    let mut bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
+    bank.success_hit(id).unwrap();
+    drop(bank);
+    let at = rewrite_the_last_wal_record(&storage, |op| {
+        if let WalOp::PutRow { row } = op {
+            row.link = 0;
+        }
+    });
+    let e = Bank::open(Arc::new(storage.clone()), OpenOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
+    let named = [
+        "wal.log",
+        &format!("offset {at}"),
+        "link 0 without a consolidation flag",
+    ];
+    assert!(named.iter().all(|n| e.contains(n)), "{e}");
+}
+
 /// Every file of `storage` with its bytes.
 fn all_files(storage: &MemStorage) -> BTreeMap<String, Vec<u8>> {
     let names = storage.file_names();

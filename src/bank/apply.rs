@@ -133,8 +133,16 @@ impl Bank {
         }
     }
 
-    /// A row update may change counters, flags and the link only.
+    /// A row update may change counters, flags and the link only, and the
+    /// link only with a consolidation flag.
     fn check_row_update(&self, row: &Row) -> Result<(), BankError> {
+        if let Some(detail) = tree::link_violation(row) {
+            return Err(BankError::Corrupt {
+                file: "WAL op".into(),
+                offset_bytes: 0,
+                detail,
+            });
+        }
         let current = self.row(row.index)?;
         let mut comparable = row.clone();
         comparable.success_hits = current.success_hits;

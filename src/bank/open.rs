@@ -393,9 +393,7 @@ impl Bank {
                 WalWriter::resume(storage.as_ref(), &wal_scan, drop_damaged)?
             };
             bank.writer = Some(Writer::new(lock, wal, options.sync, options.checkpoint_wal_bytes));
-            // Files of other generations are what a crashed compact left.
-            let live = bank.manifest.generation;
-            bank.remove_data_files(|g| g != live)?;
+            bank.remove_other_generations()?;
         }
         Ok((bank, damage))
     }

@@ -423,13 +423,21 @@ impl Bank {
     /// Parent, depth, type and consolidation links of one row.
     fn check_links(&self, row: &Row) -> Result<(), BankError> {
         let bad = |detail: String| {
-            let file = self.storage.describe(&table_segment_file(
-                self.manifest.generation,
-                row.index / self.base.rows_per_segment,
-            ));
+            // A row the WAL wrote since the checkpoint is the WAL's (its
+            // record's offset is not kept); it blamed the segment.
+            let (file, offset_bytes) = match self.overlay.row(row.index) {
+                Some(_) => (self.storage.describe(crate::storage::WAL_FILE), 0),
+                None => (
+                    self.storage.describe(&table_segment_file(
+                        self.manifest.generation,
+                        row.index / self.base.rows_per_segment,
+                    )),
+                    self.row_offset_bytes(row.index),
+                ),
+            };
             Err(BankError::Corrupt {
                 file,
-                offset_bytes: self.row_offset_bytes(row.index),
+                offset_bytes,
                 detail,
             })
         };

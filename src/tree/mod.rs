@@ -192,14 +192,8 @@ pub fn shape_violation<E>(
             row.depth
         )));
     }
-    // FORMAT.md §4: only a consolidation sets a link, and its flag says
-    // which end this node is. A stray link was dumped, then dropped by a
-    // compact, and `verify` saw nothing.
-    if row.link != crate::format::NODE_NONE && !row.is_consolidated() && !row.is_consolidated_root() {
-        return Ok(Some(format!(
-            "node {index}: link {} without a consolidation flag",
-            row.link
-        )));
+    if let Some(detail) = link_violation(row) {
+        return Ok(Some(detail));
     }
     match (row.parent(), row.node_type) {
         (None, NodeType::Root) if row.depth == 1 => Ok(None),
@@ -220,6 +214,15 @@ pub fn shape_violation<E>(
             row.depth
         ))),
     }
+}
+
+/// FORMAT.md §4: only a consolidation sets a link, and its flag says which
+/// end the node is. A stray link was dumped, then dropped by a compact,
+/// and `verify` saw nothing. Checked of every new row (`shape_violation`)
+/// and of every update, which may change the link and the flags.
+pub fn link_violation(row: &Row) -> Option<String> {
+    let stray = row.link != crate::format::NODE_NONE && !row.is_consolidated() && !row.is_consolidated_root();
+    stray.then(|| format!("node {}: link {} without a consolidation flag", row.index, row.link))
 }
 
 /// Consolidation eligibility: a residual node with at least K_cons success
