@@ -515,6 +515,9 @@ fn a_wal_update_with_a_stray_link_is_refused() {
     assert!(named.iter().all(|n| e.contains(n)), "{e}");
 }
 
+/// Damages a bank; says which file and what `verify` will say of it.
+type Damage = dyn Fn(&MemStorage) -> (&'static str, &'static str);
+
 /// Every file of `storage` with its bytes.
 fn all_files(storage: &MemStorage) -> BTreeMap<String, Vec<u8>> {
     let names = storage.file_names();
@@ -550,7 +553,7 @@ fn compact_and_freeze_refuse_a_damaged_bank_and_change_nothing() {
         storage.set_file_bytes("vectors-000001.seg", bytes);
         ("vectors-000001.seg", "bytes, expected")
     };
-    let damages: [&dyn Fn(&MemStorage) -> (&'static str, &'static str); 2] = [&forge_off_sphere, &one_byte_longer];
+    let damages: [&Damage; 2] = [&forge_off_sphere, &one_byte_longer];
     for damage in damages {
         let (storage, _) = with_a_node_in_the_wal();
         let (file, said) = damage(&storage);
