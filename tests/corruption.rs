@@ -469,23 +469,45 @@ fn verify_reports_a_forged_vector_off_the_unit_sphere() {
 /// whose files do not exist: a writer open refuses it and deletes
 /// nothing (it deleted every data file of the real generation, the
 /// bank's only data, as a crashed compact's leftovers).
+/// With a WAL node whose parent is checkpointed too: replay reads that
+/// row, and the error named the missing segment instead.
 #[test]
 fn a_manifest_naming_a_generation_without_files_deletes_nothing() {
     use deltamem::format::manifest::Manifest;
-    let (storage, _) = build();
-    let mut manifest = Manifest::decode(&storage.file_bytes("MANIFEST").unwrap()).unwrap();
-    manifest.generation += 1;
-    storage.set_file_bytes("MANIFEST", manifest.encode().to_vec());
-    let before = all_files(&storage);
-    let e = Bank::open(Arc::new(storage.clone()), OpenOptions::default())
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        e.contains("MANIFEST") && e.contains("generation 1") && e.contains("nothing was deleted"),
-        "{e}"
-    );
-    assert_eq!(all_files(&storage), before);
+    for wal_node in [false, true] {
+        let (storage, _) = build();
+        if wal_node {
+            let mut bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
+            let mut embedding = vec![0.0; DIM];
+            embedding[2] = 1.0;
+            let node = NewNode {
+                tree: "task".into(),
+                attach: Attach::Parent(NodeRef::Index(0)),
+                label: Label::Success,
+                payload: Payload {
+                    scenario: "a child in the WAL".into(),
+                    fields: BTreeMap::new(),
+                },
+                embedding,
+                external_id: None,
+            };
+            bank.insert(node).unwrap();
+            drop(bank);
+        }
+        let mut manifest = Manifest::decode(&storage.file_bytes("MANIFEST").unwrap()).unwrap();
+        manifest.generation += 1;
+        storage.set_file_bytes("MANIFEST", manifest.encode().to_vec());
+        let before = all_files(&storage);
+        let e = Bank::open(Arc::new(storage.clone()), OpenOptions::default())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("MANIFEST") && e.contains("generation 1") && e.contains("nothing was deleted"),
+            "{wal_node}: {e}"
+        );
+        assert_eq!(all_files(&storage), before);
+    }
 }
 
 /// A WAL update that sets a link with no consolidation flag is refused at

@@ -244,41 +244,6 @@ impl Bank {
         Ok(())
     }
 
-    /// Deletes the files of other generations, what a crashed compact
-    /// left, once every file of the live generation is there. A manifest
-    /// naming a generation whose files are missing is damaged (a forged one
-    /// made every writer open delete the bank's only data files): the open
-    /// is refused, and nothing deleted.
-    pub(crate) fn remove_other_generations(&self) -> Result<(), BankError> {
-        let storage = self.storage.as_ref();
-        let live = self.manifest.generation;
-        let names = storage.list().map_err(StorageError::io("list", storage.describe("")))?;
-        if !names.iter().any(|n| data_file_generation(n).is_some_and(|g| g != live)) {
-            return Ok(());
-        }
-        let segments = self.base.node_count.div_ceil(self.manifest.rows_per_segment);
-        let int8 = self.manifest.precision == Precision::Int8;
-        let needed = std::iter::once(payload_file(live)).chain((0..segments).flat_map(|s| {
-            let quant = int8.then(|| qvector_segment_file(live, s));
-            [table_segment_file(live, s), vector_segment_file(live, s)]
-                .into_iter()
-                .chain(quant)
-        }));
-        for name in needed {
-            if !names.contains(&name) {
-                return Err(BankError::Corrupt {
-                    file: storage.describe(MANIFEST_FILE),
-                    offset_bytes: crate::format::manifest::MAN_GENERATION_OFFSET as u64,
-                    detail: format!(
-                        "the manifest names generation {live}, but its file {name} is missing; the files of \
-                         other generations are kept (nothing was deleted)"
-                    ),
-                });
-            }
-        }
-        self.remove_data_files(|g| g != live)
-    }
-
     /// Bytes of all data files on disk (every generation present).
     fn data_file_bytes(&self) -> Result<u64, BankError> {
         let storage = self.storage.as_ref();
@@ -430,6 +395,41 @@ impl Bank {
         })?;
         Ok(record)
     }
+}
+
+/// Refuses a writer's open when files of another generation are present
+/// (what a crashed compact left, which the open then deletes) while a
+/// file of the manifest's generation that its nodes need is missing: the
+/// manifest is what is damaged, and the other generation may hold the
+/// bank's only data (a forged one made every writer open delete it).
+/// Checked before the WAL is replayed, whose checks read the data files.
+pub(crate) fn refuse_missing_live_files(storage: &dyn Storage, manifest: &Manifest) -> Result<(), BankError> {
+    let live = manifest.generation;
+    let names = storage.list().map_err(StorageError::io("list", storage.describe("")))?;
+    if !names.iter().any(|n| data_file_generation(n).is_some_and(|g| g != live)) {
+        return Ok(());
+    }
+    let segments = manifest.node_count.div_ceil(u64::from(manifest.rows_per_segment)) as u32;
+    let int8 = manifest.precision == Precision::Int8;
+    let needed = std::iter::once(payload_file(live)).chain((0..segments).flat_map(|s| {
+        let quant = int8.then(|| qvector_segment_file(live, s));
+        [table_segment_file(live, s), vector_segment_file(live, s)]
+            .into_iter()
+            .chain(quant)
+    }));
+    for name in needed {
+        if !names.contains(&name) {
+            return Err(BankError::Corrupt {
+                file: storage.describe(MANIFEST_FILE),
+                offset_bytes: crate::format::manifest::MAN_GENERATION_OFFSET as u64,
+                detail: format!(
+                    "the manifest names generation {live}, but its file {name} is missing; the files of other \
+                     generations are kept (nothing was deleted)"
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Where a generation's segment files are written.

@@ -81,8 +81,8 @@ pub enum BankError {
     /// follow it (FORMAT.md §8): not a torn tail, so nothing opens the bank
     /// for writing until `Bank::repair` is asked to drop them.
     #[error(
-        "corrupt {file} at offset {offset_bytes}: record {lsn} is damaged ({detail}), and records \
-         {first_dropped_lsn}..={last_dropped_lsn} are intact; opening for writing would drop them, \
+        "corrupt {file} at offset {offset_bytes}: record {lsn} is damaged ({detail}); opening for writing \
+         would drop records {first_dropped_lsn}..={last_dropped_lsn}, which follow it intact or are it, \
          so it is refused (`deltamem repair BANK --drop-damaged-wal-tail` drops them, losing those changes)"
     )]
     WalDamaged {

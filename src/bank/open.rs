@@ -347,6 +347,9 @@ impl Bank {
                 storage.describe("")
             )));
         }
+        if lock.is_some() {
+            super::compact::refuse_missing_live_files(storage.as_ref(), &manifest)?;
+        }
         let stale = wal_scan.header.salt != manifest.wal_salt;
         check_wal_start(storage.as_ref(), &manifest, &wal_scan, lock.is_some())?;
         let may_drop = drop_damaged && lock.is_some();
@@ -393,7 +396,10 @@ impl Bank {
                 WalWriter::resume(storage.as_ref(), &wal_scan, drop_damaged)?
             };
             bank.writer = Some(Writer::new(lock, wal, options.sync, options.checkpoint_wal_bytes));
-            bank.remove_other_generations()?;
+            // Files of other generations are what a crashed compact left
+            // (`refuse_missing_live_files` has checked the live ones).
+            let live = bank.manifest.generation;
+            bank.remove_data_files(|g| g != live)?;
         }
         Ok((bank, damage))
     }
