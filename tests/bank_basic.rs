@@ -1210,3 +1210,57 @@ fn a_stale_wal_is_news_only_once_a_writer_replaces_it() {
     assert!(!reader.has_news().unwrap());
     drop(writer);
 }
+
+/// A reader (a `freeze` beside a running writer) that sees, through its
+/// mapping, a source row the writer's checkpoint rewrote with a link to a
+/// root past the reader's view: `verify` hides that consolidation as every
+/// read does, so the freeze (which verifies first) is not refused as
+/// damaged (it was: "consolidation link 2 is dangling").
+#[test]
+fn a_reader_verifies_and_freezes_beside_a_writer_that_consolidated() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(4);
+    c.consolidate_after = 1;
+    let mut writer = Bank::create_dir(dir.path(), c).unwrap();
+    let root = writer
+        .insert(node("task", Attach::Root, Label::Success, "r", unit(4, 0)))
+        .unwrap()
+        .id;
+    let child = node(
+        "task",
+        Attach::Parent(NodeRef::Index(root)),
+        Label::Success,
+        "c",
+        unit(4, 1),
+    );
+    let child = writer.insert(child).unwrap().id;
+    writer.success_hit(child).unwrap();
+    writer.checkpoint().unwrap();
+    let read_only = OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    let reader = Bank::open_dir(dir.path(), read_only).unwrap();
+    assert_eq!(reader.node_count(), 2);
+    let mut fields = BTreeMap::new();
+    fields.insert("execution_procedure".to_string(), "distilled".to_string());
+    writer.consolidate(child, fields).unwrap();
+    writer.checkpoint().unwrap();
+    let report = reader.verify().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    let out = dir.path().with_extension("frozen");
+    reader.freeze_to(&out).unwrap();
+    // The copy is the reader's view: two nodes, the consolidation hidden.
+    let frozen = Bank::open_dir(
+        &out,
+        OpenOptions {
+            read_only: true,
+            ..OpenOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(frozen.node_count(), 2);
+    assert!(!frozen.row(child).unwrap().is_consolidated());
+    // A writer's own dangling link is still damage (see tests/corruption.rs).
+    drop(writer);
+}

@@ -540,6 +540,29 @@ fn a_wal_update_with_a_stray_link_is_refused() {
 /// Damages a bank; says which file and what `verify` will say of it.
 type Damage = dyn Fn(&MemStorage) -> (&'static str, &'static str);
 
+/// A stray link forged into a checkpointed row is the segment's damage:
+/// an update (a hit) that only carries it over is replayed, not refused
+/// (a repair would have dropped that record and every later one, leaving
+/// the row as it was), and `verify` names the segment.
+#[test]
+fn a_stray_link_carried_over_by_an_update_is_blamed_on_the_segment() {
+    let (storage, _) = build();
+    let (file, _) = forge_row(&storage, 5, |r| r.link = 0);
+    let mut bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
+    let hits = bank.row(5).unwrap().success_hits;
+    bank.success_hit(5).unwrap();
+    drop(bank);
+    let bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
+    assert_eq!(bank.row(5).unwrap().success_hits, hits + 1);
+    let problems = bank.verify().unwrap().problems;
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.file.ends_with(&file) && p.detail.contains("node 5: link 0 without")),
+        "{problems:?}"
+    );
+}
+
 /// Every file of `storage` with its bytes.
 fn all_files(storage: &MemStorage) -> BTreeMap<String, Vec<u8>> {
     let names = storage.file_names();

@@ -262,17 +262,21 @@ impl Bank {
         }
         if index < self.base.node_count {
             let mut row = self.base.row(index)?;
-            if !consolidation_in_force(row.link, self.node_count()) {
-                // A reader's mapping shows rows a later checkpoint of the
-                // writer rewrote in place: a consolidation into a root this
-                // handle cannot see yet is hidden until `refresh`, so the
-                // source stays matchable and its chain complete.
-                row.flags &= !crate::format::row::FLAG_CONSOLIDATED;
-                row.link = crate::format::NODE_NONE;
-            }
+            self.hide_future_consolidation(&mut row);
             return Ok(row);
         }
         Err(BankError::UnknownNode(index.to_string()))
+    }
+
+    /// A reader's mapping shows rows a later checkpoint of the writer
+    /// rewrote in place: a consolidation into a root this handle cannot
+    /// see yet is hidden until `refresh`, so the source stays matchable and
+    /// its chain complete.
+    pub(crate) fn hide_future_consolidation(&self, row: &mut Row) {
+        if !consolidation_in_force(row.link, self.node_count()) {
+            row.flags &= !crate::format::row::FLAG_CONSOLIDATED;
+            row.link = crate::format::NODE_NONE;
+        }
     }
 
     pub fn payload(&self, index: u32) -> Result<Payload, BankError> {

@@ -231,6 +231,15 @@ impl Bank {
         for index in first..last {
             report.nodes_checked += 1;
             match self.base.row(index) {
+                // A reader (a freeze beside a writer) may see a source row
+                // that a later checkpoint rewrote with a link to a root past
+                // its view: hidden as every read of the row hides it, not a
+                // dangling link. A writer's view has no such row, so its
+                // dangling link is damage.
+                Ok(mut row) if self.writer.is_none() => {
+                    self.hide_future_consolidation(&mut row);
+                    rows.push(row);
+                }
                 Ok(row) => rows.push(row),
                 // A row torn by a crashed checkpoint is superseded by its
                 // WAL image and rewritten by the next checkpoint.
@@ -423,11 +432,11 @@ impl Bank {
     /// Parent, depth, type and consolidation links of one row.
     fn check_links(&self, row: &Row) -> Result<(), BankError> {
         let bad = |detail: String| {
-            // A row the WAL wrote since the checkpoint is the WAL's (its
+            // A node the WAL added since the checkpoint is the WAL's (its
             // record's offset is not kept); it blamed the segment.
-            let (file, offset_bytes) = match self.overlay.row(row.index) {
-                Some(_) => (self.storage.describe(crate::storage::WAL_FILE), 0),
-                None => (
+            let (file, offset_bytes) = match row.index >= self.overlay.base_count {
+                true => (self.storage.describe(crate::storage::WAL_FILE), 0),
+                false => (
                     self.storage.describe(&table_segment_file(
                         self.manifest.generation,
                         row.index / self.base.rows_per_segment,
