@@ -380,7 +380,13 @@ impl Bank {
                 wal_scan.cut_before(index, refused.clone(), storage.describe(WAL_FILE));
                 damage = Some(refused);
                 bank = fresh();
-                bank.replay(&wal_scan).map_err(Refused::into_error)?;
+                if let Err(again) = bank.replay(&wal_scan) {
+                    let (index, detail) = again.into_record()?;
+                    return Err(BankError::wal_damaged(
+                        storage.describe(WAL_FILE),
+                        &wal_scan.refused(index, detail),
+                    ));
+                }
             }
             bank.wal_seen = options.read_only.then(|| wal_scan.position());
         }
@@ -408,27 +414,28 @@ impl Bank {
     /// but whose ops do not decode or contradict the bank is damage, not a
     /// torn tail: replay stops there and says which record it was.
     fn replay(&mut self, wal_scan: &WalScan) -> Result<(), Refused> {
-        let desc = self.storage.describe(crate::storage::WAL_FILE);
         let mut txns = Vec::new();
         for (index, record) in wal_scan.records.iter().enumerate() {
             if record.lsn <= self.manifest.checkpoint_lsn {
                 continue;
             }
-            let at = record.offset_bytes + crate::format::wal::RECORD_HEADER_SIZE_BYTES as u64;
             let ops = decode_ops(wal_scan.body(record), record.op_count, self.manifest.dim_count).map_err(|e| {
-                let detail = format!("its ops do not decode: {e}");
                 Refused::Record {
                     index,
-                    error: StorageError::corrupt(desc.clone(), at, e).into(),
-                    detail,
+                    detail: format!("its ops do not decode: {e}"),
                 }
             })?;
-            txns.push((index, record, ops));
+            txns.push((index, ops));
         }
-        self.seed_torn_rows(txns.iter().map(|(_, _, ops)| ops));
-        for (index, record, ops) in txns {
-            self.apply_txn(ops)
-                .map_err(|e| Refused::of_apply(index, record, &desc, e))?;
+        self.seed_torn_rows(txns.iter().map(|(_, ops)| ops));
+        for (index, ops) in txns {
+            self.apply_txn(ops).map_err(|e| match e {
+                BankError::Storage(_) => Refused::Bank(e),
+                e => Refused::Record {
+                    index,
+                    detail: format!("it cannot be applied: {e}"),
+                },
+            })?;
         }
         Ok(())
     }
@@ -455,43 +462,20 @@ impl Bank {
 /// Why replay stopped.
 enum Refused {
     /// Record `index` of the scan is intact but cannot be taken: its ops
-    /// do not decode or contradict the bank. `repair` can drop it and the
-    /// records after it.
-    Record {
-        index: usize,
-        error: BankError,
-        detail: String,
-    },
+    /// do not decode or contradict the bank. It is damage in the middle
+    /// (`WalScan::refused`), which `repair` can drop with what follows.
+    Record { index: usize, detail: String },
     /// The bank's own files failed (an I/O error, a damaged row the record
     /// reads): not the record's fault, so no repair drops it.
     Bank(BankError),
 }
 
 impl Refused {
-    fn of_apply(index: usize, record: &crate::storage::wal::ScannedRecord, desc: &str, e: BankError) -> Refused {
-        if let BankError::Storage(_) = e {
-            return Refused::Bank(e);
-        }
-        let detail = format!("it cannot be applied: {e}");
-        let error = BankError::Corrupt {
-            file: desc.to_string(),
-            offset_bytes: record.offset_bytes,
-            detail: format!("record {} cannot be applied: {e}", record.lsn),
-        };
-        Refused::Record { index, error, detail }
-    }
-
     /// The refused record's index and why, or the bank's own error.
     fn into_record(self) -> Result<(usize, String), BankError> {
         match self {
-            Refused::Record { index, detail, .. } => Ok((index, detail)),
+            Refused::Record { index, detail } => Ok((index, detail)),
             Refused::Bank(e) => Err(e),
-        }
-    }
-
-    fn into_error(self) -> BankError {
-        match self {
-            Refused::Record { error, .. } | Refused::Bank(error) => error,
         }
     }
 }
