@@ -45,7 +45,7 @@
 //! (default all), e.g. to profile one phase with `perf record`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -352,6 +352,22 @@ fn insert_phase(empty: &Path, spelling: &str, rounds: usize, counts: &[usize]) -
         }
     }
     runs
+}
+
+/// The bank the inserts go into: a fresh empty one, or with
+/// `INSERT_INTO=PATH` a bank of 768 dimensions that already holds nodes
+/// (the run adds to it: pass a copy), to see what a bank's size does to
+/// the insert path.
+fn insert_bank(dir: &Path, spelling: &str) -> PathBuf {
+    if let Ok(path) = std::env::var("INSERT_INTO") {
+        return PathBuf::from(path);
+    }
+    let empty = dir.join(format!("empty-{spelling}"));
+    Bank::create_dir(&empty, BankConfig::new(DIM as u32))
+        .unwrap()
+        .close()
+        .unwrap();
+    empty
 }
 
 /// An insert body with its embedding spelled as a JSON array (each f32
@@ -920,12 +936,8 @@ fn main() {
         // INSERT_SPELLING=base64 runs only that spelling of the embedding.
         let spellings = std::env::var("INSERT_SPELLING").unwrap_or_else(|_| "array,base64".into());
         for spelling in spellings.split(',').filter(|s| ["array", "base64"].contains(s)) {
-            let empty = dir.path().join(format!("empty-{spelling}"));
-            Bank::create_dir(&empty, BankConfig::new(DIM as u32))
-                .unwrap()
-                .close()
-                .unwrap();
-            let runs = insert_phase(&empty, spelling, rounds, &counts);
+            let target = insert_bank(dir.path(), spelling);
+            let runs = insert_phase(&target, spelling, rounds, &counts);
             targets.extend(insert_summary(&runs, spelling, rounds, &counts));
         }
     }
