@@ -19,6 +19,8 @@
 //!     wrk): the same requests, less of the two cores spent on clients.
 //!     `INSERT_TRANSPORT=unix` serves the inserts on a Unix socket beside
 //!     the bank instead of loopback TCP (the clients connect through it).
+//!     `INSERT_INTO=PATH` runs them into that existing bank (768 dims; a
+//!     copy: the run adds to it) instead of an empty one.
 //!     `INSERT_SYNC=none` runs the inserts on a server that never fsyncs
 //!     (the peer that shows what group commit leaves on the table: the
 //!     insert target is about durable writes and is not judged then).

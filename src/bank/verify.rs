@@ -92,6 +92,9 @@ impl Problem {
             BankError::WalDamaged {
                 ref file, offset_bytes, ..
             } => (file.clone(), offset_bytes, e.to_string()),
+            // A file that cannot be opened or read: the file, not the
+            // bank as a whole, is what the problem is about.
+            BankError::Storage(StorageError::Io { ref file, .. }) => (file.clone(), 0, e.to_string()),
             BankError::ManifestMissing { .. } => {
                 let manifest = format!("{}/{MANIFEST_FILE}", bank_dir.trim_end_matches('/'));
                 (manifest, 0, e.to_string())
@@ -134,6 +137,16 @@ impl Bank {
     pub fn verify_scope(&self, scope: VerifyScope) -> Result<VerifyReport, BankError> {
         let mut report = VerifyReport::default();
         self.verify_wal(&mut report)?;
+        // A payload log that cannot be opened is one problem, not one per
+        // node (nor a failed verify): without it the rows, vectors and
+        // links are still checked, the payload records are not.
+        let payloads_readable = match self.base.payload_handle() {
+            Ok(_) => true,
+            Err(e) => {
+                report.add_error(&self.storage.describe(""), e);
+                false
+            }
+        };
         let segments = self.base.node_count.div_ceil(self.base.rows_per_segment);
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
         let per_thread = segments.div_ceil(threads.max(1)).max(1);
@@ -141,7 +154,11 @@ impl Bank {
             let handles: Vec<_> = (0..segments.div_ceil(per_thread))
                 .map(|t| {
                     let range = t * per_thread..((t + 1) * per_thread).min(segments);
-                    s.spawn(move || range.map(|segment| self.verify_segment(segment, scope)).collect())
+                    s.spawn(move || {
+                        range
+                            .map(|segment| self.verify_segment(segment, scope, payloads_readable))
+                            .collect()
+                    })
                 })
                 .collect();
             handles
@@ -222,7 +239,12 @@ impl Bank {
     }
 
     /// Rows, vectors (in `scope`) and payload records of one segment's nodes.
-    fn verify_segment(&self, segment: u32, scope: VerifyScope) -> Result<SegmentCheck, BankError> {
+    fn verify_segment(
+        &self,
+        segment: u32,
+        scope: VerifyScope,
+        payloads_readable: bool,
+    ) -> Result<SegmentCheck, BankError> {
         let mut check = SegmentCheck::default();
         let report = &mut check.report;
         let first = segment * self.base.rows_per_segment;
@@ -290,8 +312,13 @@ impl Bank {
         };
         // A row superseded by its WAL image is checked as that image: its
         // vector, lane sums and payload record are the node's all the same.
+        if !payloads_readable {
+            rows.iter()
+                .for_each(|row| self.verify_node(row, maps.as_deref(), None, report));
+            return Ok(check);
+        }
         self.base.for_each_payload_record(&rows, |row, record| {
-            self.verify_node(row, maps.as_deref(), record, report);
+            self.verify_node(row, maps.as_deref(), Some(record), report);
             Ok(())
         })?;
         Ok(check)
@@ -362,7 +389,7 @@ impl Bank {
         &self,
         row: &Row,
         maps: Option<&super::base::SegmentMaps>,
-        record: Result<&[u8], BankError>,
+        record: Option<Result<&[u8], BankError>>,
         report: &mut VerifyReport,
     ) {
         if let Err(e) = self.check_links(row) {
@@ -415,8 +442,10 @@ impl Bank {
                 );
             }
         }
+        // None: the payload log could not be opened (reported once).
         match record {
-            Ok(record) => {
+            None => {}
+            Some(Ok(record)) => {
                 if let Err(e) = decode_record(record, row.index) {
                     report.add(
                         self.storage.describe(&payload_file(self.manifest.generation)),
@@ -425,7 +454,7 @@ impl Bank {
                     );
                 }
             }
-            Err(e) => report.add_error(&self.storage.describe(""), e),
+            Some(Err(e)) => report.add_error(&self.storage.describe(""), e),
         }
     }
 
@@ -489,14 +518,17 @@ impl Bank {
         }
         let segment = count / rps;
         let used_rows = (count % rps) as usize;
-        let table = self.base.table_unverified(segment)?;
+        // A segment that cannot be mapped was reported with its rows.
+        let Ok(table) = self.base.table_unverified(segment) else {
+            return Ok(());
+        };
         let mut checks = vec![(
             table_segment_file(self.manifest.generation, segment),
             &table[..],
             used_rows * ROW_SIZE_BYTES,
         )];
         let maps = match scope {
-            VerifyScope::Everything => Some(self.base.segment_unverified(segment)?),
+            VerifyScope::Everything => self.base.segment_unverified(segment).ok(),
             VerifyScope::SkipVectorColumns => None,
         };
         if let Some(maps) = &maps {
@@ -530,7 +562,10 @@ impl Bank {
     /// by the writer since then deletes the name, not the file.
     fn verify_payload_length(&self, report: &mut VerifyReport) -> Result<(), BankError> {
         let name = payload_file(self.manifest.generation);
-        let payload = self.base.payload_handle()?;
+        // One that cannot be opened was reported by `verify_scope`.
+        let Ok(payload) = self.base.payload_handle() else {
+            return Ok(());
+        };
         let len = payload
             .len_bytes()
             .map_err(StorageError::io("stat", self.storage.describe(&name)))?;
