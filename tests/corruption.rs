@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
+use deltamem::format::manifest::Precision;
 use deltamem::format::row::ROW_SIZE_BYTES;
 use deltamem::storage::MemStorage;
 use deltamem::{
@@ -18,8 +19,13 @@ use deltamem::{
 const DIM: usize = 8;
 
 fn build() -> (MemStorage, Vec<Vec<f32>>) {
+    build_in(Precision::F32)
+}
+
+fn build_in(precision: Precision) -> (MemStorage, Vec<Vec<f32>>) {
     let storage = MemStorage::new();
     let mut config = BankConfig::new(DIM as u32);
+    config.precision = precision;
     config.rows_per_segment = Some(4);
     config.consolidate_after = 1;
     let mut bank = Bank::create(Arc::new(storage.clone()), config).unwrap();
@@ -824,4 +830,64 @@ fn a_missing_data_file_is_one_problem_naming_it() {
             assert!(bank.verify().unwrap().is_ok(), "{name}: put back");
         }
     }
+}
+
+/// Damage only in the int8 side column (derived from the f32 vectors) is
+/// reported by verify, and compact and freeze go ahead: their copy derives
+/// every int8 row afresh from the checked f32 vector, so it verifies clean
+/// and answers as the undamaged bank did. Damage in the f32 column beside
+/// it is still refused.
+#[test]
+fn compact_and_freeze_rederive_a_damaged_int8_column() {
+    let damage_int8 = |storage: &MemStorage| {
+        let mut bytes = storage.file_bytes("qvectors-000000.seg").unwrap();
+        bytes[1] ^= 0x40;
+        storage.set_file_bytes("qvectors-000000.seg", bytes);
+    };
+    for compact in [true, false] {
+        let (storage, queries) = build_in(Precision::Int8);
+        let expected = answers(
+            &Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap(),
+            &queries,
+        );
+        damage_int8(&storage);
+        let mut bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
+        let problems = bank.verify().unwrap().problems;
+        assert!(
+            !problems.is_empty() && problems.iter().all(|p| p.file.ends_with("qvectors-000000.seg")),
+            "{problems:?}"
+        );
+        let copy = if compact {
+            bank.compact().unwrap();
+            bank
+        } else {
+            let target = MemStorage::new();
+            bank.freeze_into(&target).unwrap();
+            let read_only = OpenOptions {
+                read_only: true,
+                ..OpenOptions::default()
+            };
+            Bank::open(Arc::new(target), read_only).unwrap()
+        };
+        assert!(copy.verify().unwrap().is_ok(), "compact {compact}");
+        // Compared by a digest: a mismatch of ~80 answers is unreadable.
+        assert!(
+            answers(&copy, &queries) == expected,
+            "compact {compact}: answers differ"
+        );
+    }
+    // With the f32 column damaged as well, both are refused.
+    let (storage, _) = build_in(Precision::Int8);
+    damage_int8(&storage);
+    let mut bytes = storage.file_bytes("vectors-000001.seg").unwrap();
+    bytes[3] ^= 0x01;
+    storage.set_file_bytes("vectors-000001.seg", bytes);
+    let before = all_files(&storage);
+    let mut bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
+    let e = bank.freeze_into(&MemStorage::new()).unwrap_err().to_string();
+    assert!(e.contains("vectors-000001.seg") && e.contains("freeze refuses"), "{e}");
+    let e = bank.compact().unwrap_err().to_string();
+    assert!(e.contains("vectors-000001.seg") && e.contains("compact refuses"), "{e}");
+    drop(bank);
+    assert_eq!(all_files(&storage), before);
 }
