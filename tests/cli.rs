@@ -900,6 +900,54 @@ fn damaged_wal_record_is_reported_and_dropped_only_by_repair() {
     assert_eq!(again[0]["repaired"], json!(false));
 }
 
+/// A manifest naming a generation whose files are missing (another
+/// generation's files beside it): the writer's open, so a repair, refuses.
+/// The dry run (`repair` without its flag) said "repaired: false" and
+/// exit 0, as for a sound bank; it must say what the repair would.
+#[test]
+fn repair_dry_run_reports_what_the_repair_would_refuse() {
+    let (_dir, path) = bank(&[]);
+    ok(
+        &["insert", s(&path)],
+        &task(json!("root"), "one", &[1.0, 0.0, 0.0, 0.0]),
+    );
+    ok(&["compact", s(&path)], "");
+    // Generation 1's files renamed as generation 0's: the manifest names
+    // files that are gone.
+    for entry in std::fs::read_dir(&path).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if name.contains(".g1.") {
+            std::fs::rename(path.join(&name), path.join(name.replace(".g1.", "."))).unwrap();
+        }
+    }
+    let before = dir_bytes(&path);
+    for args in [
+        vec!["repair", s(&path)],
+        vec!["repair", s(&path), "--drop-damaged-wal-tail"],
+    ] {
+        let run = deltamem(&args, "");
+        assert_eq!(run.code, 1, "{args:?}: {}", run.stdout);
+        assert!(run.stdout.is_empty(), "{args:?}: {}", run.stdout);
+        for needle in ["cannot repair", "MANIFEST", "payloads.g1.log", "missing"] {
+            assert!(
+                run.stderr.contains(needle),
+                "{args:?}: {needle:?} missing: {}",
+                run.stderr
+            );
+        }
+    }
+    assert_eq!(dir_bytes(&path), before, "a refusal changed the bank");
+}
+
+fn dir_bytes(path: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(path)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name() != "LOCK")
+        .map(|e| (e.file_name().into_string().unwrap(), std::fs::read(e.path()).unwrap()))
+        .collect()
+}
+
 /// Issue 11, item 2, from the command line: `hit` commits (durable in the
 /// WAL), then the checkpoint at close fails (MANIFEST.tmp cannot be
 /// created, as on a full disk). The result line must still be printed,

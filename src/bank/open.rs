@@ -317,6 +317,14 @@ impl Bank {
         Ok(damage)
     }
 
+    /// What a writer's open (so a repair) would refuse before replaying,
+    /// checked from a read-only handle without the lock: a manifest naming
+    /// live files that are missing while files of another generation are
+    /// present. For a repair's dry run, which otherwise sees only the WAL.
+    pub fn check_writer_open(&self) -> Result<(), BankError> {
+        super::compact::refuse_missing_live_files(self.storage.as_ref(), &self.manifest)
+    }
+
     pub fn repair_dir(path: impl AsRef<Path>) -> Result<Option<WalDamage>, BankError> {
         Bank::repair(Arc::new(FileStorage::new(path.as_ref())))
     }

@@ -118,7 +118,11 @@ pub fn repair(path: &Path, drop: bool) -> anyhow::Result<Status> {
         deltamem::Bank::repair_dir(path).with_context(|| format!("cannot repair {}", path.display()))?
     } else {
         match super::open_read(path) {
-            Ok(_) => None,
+            Ok(bank) => {
+                bank.check_writer_open()
+                    .with_context(|| format!("cannot repair {}", path.display()))?;
+                None
+            }
             Err(e) => match e.downcast_ref::<deltamem::BankError>() {
                 Some(damaged @ deltamem::BankError::WalDamaged { .. }) => {
                     eprintln!("deltamem: {damaged}");
