@@ -14,7 +14,7 @@ use super::VectorChecks;
 use super::kernels::quant::encode_int8_row;
 use super::open::new_salt;
 use super::segment_writer::encode_vector;
-use super::{Bank, BankError};
+use super::{Bank, BankError, VerifyScope};
 use crate::format::manifest::{MANIFEST_FLAG_FROZEN, Manifest, Precision};
 use crate::format::payload::check_record;
 use crate::format::row::{ROW_SIZE_BYTES, Row};
@@ -61,6 +61,14 @@ impl Bank {
     /// file) and renamed into place, so `out_dir` appears complete or not
     /// at all. Works from a reader or a writer (not a poisoned one).
     pub fn freeze_to(&self, out_dir: &Path) -> Result<FreezeReport, BankError> {
+        self.freeze_to_checked(out_dir, VerifyScope::SkipVectorColumns)
+    }
+
+    /// `freeze_to`, with the copy read back and verified over `scope`
+    /// before it is renamed into place (`SkipVectorColumns`: the vectors
+    /// were checked in memory as they were copied). A copy that does not
+    /// verify is removed, so `out_dir` never holds one.
+    pub fn freeze_to_checked(&self, out_dir: &Path, scope: VerifyScope) -> Result<FreezeReport, BankError> {
         let out = out_dir.display().to_string();
         refuse_existing_target(out_dir)?;
         let name = out_dir
@@ -74,18 +82,7 @@ impl Bank {
         let built = self
             .freeze_into(&target)
             .and_then(|report| make_read_only(&tmp).map(|()| report));
-        // A failed freeze (a full disk) takes its work directory away with
-        // it: it held up to a whole bank's worth of space until the next
-        // freeze to the same OUT. The error is the freeze's.
-        let mut report = built.inspect_err(|_| drop(remove_own_work_dir(&tmp)))?;
-        std::fs::rename(&tmp, out_dir).map_err(io("rename"))?;
-        let parent = out_dir
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        std::fs::File::open(parent)
-            .and_then(|d| d.sync_all())
-            .map_err(io("fsync parent directory"))?;
+        let mut report = settle(&tmp, out_dir, built, scope)?;
         report.out = out;
         Ok(report)
     }
@@ -798,6 +795,60 @@ fn remove_own_work_dir(tmp: &Path) -> Result<(), BankError> {
         .map_err(|e| BankError::BadConfig(format!("{desc} holds files a freeze does not write, kept: {e}")))
 }
 
+/// Reads a built copy in `tmp` back and renames it to `out_dir`; a failed
+/// build, or a copy that does not read back, takes its work directory
+/// away instead: it held up to a whole bank's worth of space until the
+/// next freeze to the same OUT. The mark is put back first (a finished
+/// copy has none), so only the engine's own files go. The error is the
+/// freeze's.
+fn settle(
+    tmp: &Path,
+    out_dir: &Path,
+    built: Result<FreezeReport, BankError>,
+    scope: VerifyScope,
+) -> Result<FreezeReport, BankError> {
+    let report = built
+        .and_then(|report| read_back(tmp, scope).map(|()| report))
+        .inspect_err(|_| {
+            let _ = std::fs::write(tmp.join(FREEZING_MARK_FILE), b"");
+            let _ = remove_own_work_dir(tmp);
+        })?;
+    let io = |op| StorageError::io(op, tmp.display().to_string());
+    std::fs::rename(tmp, out_dir).map_err(io("rename"))?;
+    let parent = out_dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::File::open(parent)
+        .and_then(|d| d.sync_all())
+        .map_err(io("fsync parent directory"))?;
+    Ok(report)
+}
+
+/// Opens the finished copy in `dir` read-only and verifies it over
+/// `scope`: what was written is what reads back (a page cache or disk
+/// that lost a write, a file system that failed silently).
+fn read_back(dir: &Path, scope: VerifyScope) -> Result<(), BankError> {
+    let options = super::OpenOptions {
+        read_only: true,
+        ..super::OpenOptions::default()
+    };
+    let copy = Bank::open(Arc::new(FileStorage::new(dir)), options)?;
+    let report = copy.verify_scope(scope)?;
+    let Some(first) = report.problems.first() else {
+        return Ok(());
+    };
+    Err(BankError::Corrupt {
+        file: first.file.clone(),
+        offset_bytes: first.offset_bytes,
+        detail: format!(
+            "{} ({} problem(s) in all): the frozen copy does not read back as written, and was removed",
+            first.detail,
+            report.problems.len()
+        ),
+    })
+}
+
 /// Frozen files are made read-only (0444): a frozen bank never changes.
 fn make_read_only(dir: &Path) -> Result<(), BankError> {
     let entries = std::fs::read_dir(dir).map_err(StorageError::io("list", dir.display().to_string()))?;
@@ -809,4 +860,56 @@ fn make_read_only(dir: &Path) -> Result<(), BankError> {
             .map_err(StorageError::io("chmod", path.display().to_string()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Attach, BankConfig, Label, NewNode, Payload};
+
+    /// A copy that does not read back as written (a byte of a payload
+    /// record changed between the write and the read-back, as a lost
+    /// write would) is refused naming the file, and neither OUT nor the
+    /// work directory is left; the same copy undamaged is placed at OUT.
+    #[test]
+    fn a_copy_that_does_not_read_back_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bank = Bank::create_dir(dir.path().join("bank"), BankConfig::new(4)).unwrap();
+        for k in 0..3 {
+            let node = NewNode {
+                tree: "task".into(),
+                attach: Attach::Root,
+                label: Label::Success,
+                payload: Payload {
+                    scenario: format!("node {k}"),
+                    fields: Default::default(),
+                },
+                embedding: vec![1.0, k as f32, 0.0, 0.0],
+                external_id: None,
+            };
+            bank.insert(node).unwrap();
+        }
+        for damaged in [true, false] {
+            let (tmp, out) = (dir.path().join("out.freezing"), dir.path().join("out"));
+            std::fs::create_dir(&tmp).unwrap();
+            let built = bank.freeze_into(&FileStorage::new(&tmp));
+            make_read_only(&tmp).unwrap();
+            if damaged {
+                let log = tmp.join(payload_file(0));
+                std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o644)).unwrap();
+                let mut bytes = std::fs::read(&log).unwrap();
+                let last = bytes.len() - 1;
+                bytes[last] ^= 0x20;
+                std::fs::write(&log, bytes).unwrap();
+                let e = settle(&tmp, &out, built, VerifyScope::SkipVectorColumns)
+                    .unwrap_err()
+                    .to_string();
+                assert!(e.contains("payloads") && e.contains("does not read back"), "{e}");
+                assert!(!tmp.exists() && !out.exists());
+            } else {
+                assert_eq!(settle(&tmp, &out, built, VerifyScope::Everything).unwrap().nodes, 3);
+                assert!(!tmp.exists() && out.join(MANIFEST_FILE).is_file());
+            }
+        }
+    }
 }

@@ -50,26 +50,17 @@ pub fn freeze(path: &Path, out_dir: &Path, verify_vectors: bool, quiet: bool) ->
         &format!("freezing {} into {}", path.display(), out_dir.display()),
         quiet,
     );
-    let report = bank
-        .freeze_to(out_dir)
-        .with_context(|| format!("cannot freeze {} into {}", path.display(), out_dir.display()))?;
-    drop(bank);
-    let frozen = super::open_read(out_dir)?;
     let scope = if verify_vectors {
         deltamem::VerifyScope::Everything
     } else {
         deltamem::VerifyScope::SkipVectorColumns
     };
-    let check = frozen
-        .verify_scope(scope)
-        .with_context(|| format!("cannot verify the frozen copy {}", out_dir.display()))?;
+    // The copy is read back and verified before it is renamed to OUT; one
+    // that does not verify is removed.
+    let report = bank
+        .freeze_to_checked(out_dir, scope)
+        .with_context(|| format!("cannot freeze {} into {}", path.display(), out_dir.display()))?;
     drop(progress);
-    if !check.is_ok() {
-        for p in &check.problems {
-            eprintln!("{} @ {}: {}", p.file, p.offset_bytes, p.detail);
-        }
-        anyhow::bail!("the frozen copy {} does not verify", out_dir.display());
-    }
     print(&FreezeOut {
         out: report.out,
         nodes: report.nodes,
