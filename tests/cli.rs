@@ -948,6 +948,58 @@ fn dir_bytes(path: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
+/// `--out` through a symbolic link writes the file it names (the link
+/// stays), into a FIFO writes to its reader (it was renamed over: the
+/// FIFO became a regular file and the reader got nothing; as root a
+/// device such as /dev/null became one too); a dangling link or a
+/// directory is refused and left as it was.
+#[test]
+fn export_writes_through_links_and_fifos_and_replaces_neither() {
+    use std::os::unix::fs::FileTypeExt;
+    let (dir, b) = bank(&[]);
+    ok(&["insert", s(&b)], &task(json!("root"), "one", &[1.0, 0.0, 0.0, 0.0]));
+    let export = |out: &Path| {
+        deltamem(
+            &["export", s(&b), "--tree", "task", "--format", "jsonl", "--out", s(out)],
+            "",
+        )
+    };
+    let expected = {
+        let plain = dir.path().join("plain.jsonl");
+        assert_eq!(export(&plain).code, 0);
+        std::fs::read(&plain).unwrap()
+    };
+    assert!(!expected.is_empty());
+    let (target, link) = (dir.path().join("target.jsonl"), dir.path().join("link.jsonl"));
+    std::fs::write(&target, b"old").unwrap();
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    assert_eq!(export(&link).code, 0);
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert_eq!(std::fs::read(&target).unwrap(), expected);
+
+    let fifo = dir.path().join("fifo");
+    let c_path = std::ffi::CString::new(s(&fifo)).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).unwrap())
+    };
+    assert_eq!(export(&fifo).code, 0);
+    assert_eq!(reader.join().unwrap(), expected);
+    assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+
+    let dangling = dir.path().join("dangling.jsonl");
+    std::os::unix::fs::symlink(dir.path().join("nowhere"), &dangling).unwrap();
+    let run = export(&dangling);
+    assert_eq!(run.code, 1);
+    assert!(run.stderr.contains("does not exist"), "{}", run.stderr);
+    assert!(std::fs::symlink_metadata(&dangling).unwrap().file_type().is_symlink());
+    let run = export(dir.path());
+    assert_eq!(run.code, 1);
+    assert!(run.stderr.contains("is a directory"), "{}", run.stderr);
+}
+
 /// Issue 11, item 2, from the command line: `hit` commits (durable in the
 /// WAL), then the checkpoint at close fails (MANIFEST.tmp cannot be
 /// created, as on a full disk). The result line must still be printed,

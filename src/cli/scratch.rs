@@ -70,6 +70,8 @@ pub fn write_atomically(
     path: &Path,
     write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> Result<(), deltamem::interop::InteropError>,
 ) -> anyhow::Result<()> {
-    remove_on_signal(&deltamem::interop::temp_sibling(path))?;
+    if let deltamem::interop::OutputTarget::Replace(file) = deltamem::interop::output_target(path)? {
+        remove_on_signal(&deltamem::interop::temp_sibling(&file))?;
+    }
     Ok(deltamem::interop::write_atomically(path, write)?)
 }
