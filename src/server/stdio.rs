@@ -209,6 +209,11 @@ pub(super) fn refusal(line: &[u8], line_bytes: usize, limits: LineLimits) -> Opt
         );
         return Some((INVALID_REQUEST, message));
     }
+    // rmcp reads a repeated key as its last value (`"tree":"task",
+    // "tree":"env"` stored into env); the HTTP face refuses one.
+    if let Some(detail) = repeated_key(line) {
+        return Some((INVALID_REQUEST, format!("the message repeats a key: {detail}")));
+    }
     // The message is read as rmcp reads it: rmcp drops a line it cannot
     // read without a word, or answers it with an error that has no id
     // (and over HTTP with a 415 in plain text), so the client's requests
@@ -226,6 +231,80 @@ pub(super) fn refusal(line: &[u8], line_bytes: usize, limits: LineLimits) -> Opt
         return Some((INVALID_REQUEST, message.to_string()));
     }
     Some((INVALID_REQUEST, format!("not a JSON-RPC 2.0 message of MCP: {e}")))
+}
+
+/// The first key that an object of `line`'s JSON values holds twice, with
+/// where, if one does (a line that is not JSON is left to the parse that
+/// follows, which names its error).
+fn repeated_key(line: &[u8]) -> Option<String> {
+    let repeated = std::cell::Cell::new(false);
+    let mut values = serde_json::Deserializer::from_slice(line);
+    // Bounded: each turn reads one whole value (at least a byte) or ends.
+    for _ in 0..=line.len() {
+        if values.end().is_ok() {
+            return None;
+        }
+        match serde::de::DeserializeSeed::deserialize(UniqueKeys(&repeated), &mut values) {
+            Ok(()) => {}
+            Err(e) if repeated.get() => return Some(e.to_string()),
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// Walks one JSON value and fails at the first key an object repeats
+/// (setting the flag, which tells that failure from any other).
+#[derive(Clone, Copy)]
+struct UniqueKeys<'a>(&'a std::cell::Cell<bool>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for UniqueKeys<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeys<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(self)?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut keys = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !keys.insert(key.clone()) {
+                self.0.set(true);
+                return Err(serde::de::Error::custom(format_args!(
+                    "`{key}` appears twice in one object"
+                )));
+            }
+            map.next_value_seed(self)?;
+        }
+        Ok(())
+    }
 }
 
 /// A request for a method this server serves whose params rmcp cannot read
@@ -419,6 +498,44 @@ mod tests {
             let answers = answered.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
             (forwarded, answers)
         })
+    }
+
+    /// A key repeated in any object of a message (tool arguments, their
+    /// payload, the envelope) is refused with the request's id, naming the
+    /// key: rmcp took the last value, so a node went into the tree named
+    /// second. Equal values in different objects, or a key repeated
+    /// inside a string, pass.
+    #[test]
+    fn a_repeated_key_anywhere_is_refused_naming_it() {
+        let call = |arguments: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"store_node","arguments":{arguments}}}}}"#
+            )
+        };
+        let refused = [
+            call(r#"{"tree":"task","tree":"env"}"#),
+            call(r#"{"payload":{"a":"1","a":"2"}}"#),
+            call(r#"{"k":1,"x":[{"k":1,"k":100}]}"#),
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/list","method":"tools/call"}"#.to_string(),
+        ];
+        for line in &refused {
+            let input = format!("{}\n{line}\n", only_initialize());
+            let (forwarded, answered) = pump(input.as_bytes(), LineLimits::default());
+            assert_eq!(forwarded.lines().count(), 1, "{line}: {forwarded}");
+            assert_eq!(answered.len(), 1, "{line}");
+            assert_eq!(answered[0]["id"], 3);
+            let message = answered[0]["error"]["message"].as_str().unwrap();
+            assert!(message.contains("appears twice"), "{line}: {message}");
+        }
+        let passed = call(r#"{"tree":"task","payload":{"tree":"task","note":"\"tree\":1,\"tree\":2"}}"#);
+        let input = format!("{}\n{passed}\n", only_initialize());
+        let (forwarded, answered) = pump(input.as_bytes(), LineLimits::default());
+        assert_eq!(forwarded.lines().count(), 2, "{forwarded}");
+        assert!(answered.is_empty(), "{answered:?}");
+    }
+
+    fn only_initialize() -> &'static str {
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#
     }
 
     /// Before `initialize`, a notification or a response is not passed on
