@@ -891,3 +891,31 @@ fn compact_and_freeze_rederive_a_damaged_int8_column() {
     drop(bank);
     assert_eq!(all_files(&storage), before);
 }
+
+/// A MANIFEST whose WAL salt no longer matches a WAL that holds a record
+/// past its checkpoint (a forged or damaged salt: no crash leaves one,
+/// since a checkpoint's WAL ends at its LSN). The WAL was taken for the
+/// stale one a checkpoint replaced: its acknowledged node vanished, verify
+/// said ok, and the next writer put a new WAL over it. Every open refuses,
+/// naming the WAL and the LSNs, and nothing is changed.
+#[test]
+fn a_wal_with_records_past_the_checkpoint_is_never_taken_for_a_stale_one() {
+    use deltamem::format::manifest::Manifest;
+    let (storage, _) = with_a_node_in_the_wal();
+    let mut manifest = Manifest::decode(&storage.file_bytes("MANIFEST").unwrap()).unwrap();
+    manifest.wal_salt ^= 1;
+    storage.set_file_bytes("MANIFEST", manifest.encode().to_vec());
+    let before = all_files(&storage);
+    for read_only in [true, false] {
+        let options = OpenOptions {
+            read_only,
+            ..OpenOptions::default()
+        };
+        let e = Bank::open(Arc::new(storage.clone()), options)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("wal.log") && e.contains("past the checkpoint"), "{e}");
+    }
+    assert_eq!(all_files(&storage), before);
+}

@@ -528,18 +528,38 @@ fn check_wal_start(
 ) -> Result<(), BankError> {
     let (start, expected) = (wal_scan.header.start_lsn, manifest.checkpoint_lsn + 1);
     let stale = wal_scan.header.salt != manifest.wal_salt;
-    let contradicts = if stale { start > expected } else { start != expected };
+    // A WAL of an older generation is one the checkpoint that ended at
+    // `checkpoint_lsn` replaced: it holds no record past that LSN (a record
+    // past it would be a change no data file holds, and the writer would
+    // put a new WAL over it).
+    let past = wal_scan.next_lsn().saturating_sub(1);
+    let contradicts = if stale {
+        start > expected || past >= expected
+    } else {
+        start != expected
+    };
     if !contradicts || (!locked && read_manifest(storage)?.sequence != manifest.sequence) {
         return Ok(());
     }
+    let detail = if stale && start <= expected {
+        format!(
+            "the WAL's salt is not the MANIFEST's (a WAL its last checkpoint replaced), but it holds records up to \
+             LSN {past}, past the checkpoint's LSN {}: the two files are not of one bank state, and the records \
+             past it are kept",
+            manifest.checkpoint_lsn
+        )
+    } else {
+        format!(
+            "the WAL starts at LSN {start}, but the MANIFEST's checkpoint ends at LSN {} (so it should start at \
+             {expected}{}): the two files are not of one bank state",
+            manifest.checkpoint_lsn,
+            if stale { " or before" } else { "" },
+        )
+    };
     Err(BankError::Corrupt {
         file: storage.describe(WAL_FILE),
         offset_bytes: 0,
-        detail: format!(
-            "the WAL starts at LSN {start}, but the MANIFEST's checkpoint ends at LSN {} (so it should start at {expected}{}): the two files are not of one bank state",
-            manifest.checkpoint_lsn,
-            if stale { " or before" } else { "" },
-        ),
+        detail,
     })
 }
 
