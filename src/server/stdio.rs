@@ -456,8 +456,13 @@ fn request_id(line: &[u8]) -> Option<&str> {
     }
     // One whole, valid JSON value (a string or a number) and where it ends.
     let mut values = serde_json::Deserializer::from_slice(rest).into_iter::<serde_json::Value>();
-    values.next()?.ok()?;
-    std::str::from_utf8(&rest[..values.byte_offset()]).ok()
+    match values.next()? {
+        Ok(_) => std::str::from_utf8(&rest[..values.byte_offset()]).ok(),
+        // A number no reader can hold (`1e400`) is no id either; a value
+        // cut off by the line's end may be one.
+        Err(e) if rest[0] != b'"' && e.classify() != serde_json::error::Category::Eof => Some("null"),
+        Err(_) => None,
+    }
 }
 
 /// Copies rmcp's answers to `out` a whole line at a time, until rmcp
@@ -532,6 +537,24 @@ mod tests {
         let (forwarded, answered) = pump(input.as_bytes(), LineLimits::default());
         assert_eq!(forwarded.lines().count(), 2, "{forwarded}");
         assert!(answered.is_empty(), "{answered:?}");
+    }
+
+    /// An id that is a number out of every reader's range is answered with
+    /// a null id (it was not answered at all, and the client waited).
+    #[test]
+    fn an_id_out_of_range_is_answered_with_a_null_id() {
+        let input = format!(
+            "{}\n{}\n",
+            only_initialize(),
+            r#"{"jsonrpc":"2.0","id":1e400,"method":"tools/list"}"#
+        );
+        let (forwarded, answered) = pump(input.as_bytes(), LineLimits::default());
+        assert_eq!(forwarded.lines().count(), 1, "{forwarded}");
+        assert_eq!(answered.len(), 1, "{answered:?}");
+        assert!(answered[0]["id"].is_null() && answered[0]["error"]["code"] == PARSE_ERROR);
+        assert_eq!(request_id(br#"{"id":-7.5e2,"x":1}"#), Some("-7.5e2"));
+        assert_eq!(request_id(br#"{"id":12"#), Some("12"));
+        assert_eq!(request_id(br#"{"id":"ab"#), None);
     }
 
     fn only_initialize() -> &'static str {
