@@ -35,8 +35,9 @@ pub struct ServeArgs {
     /// Most items in one batch request (at most 65,536).
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=BATCH_ITEMS_CAP as u64))]
     max_batch: u64,
-    /// Longest time to receive a body or answer a read, in ms.
-    #[arg(long, default_value_t = 30_000)]
+    /// Longest time to receive a body or answer a read, in ms (1 ms to a
+    /// day: 0 answered every body that came in a second packet with 408).
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
     request_timeout_ms: u64,
     /// Most tree dumps sent at once (more are answered 503): a client that
     /// reads one slowly holds about 1 MiB of the server's memory.

@@ -129,12 +129,12 @@ where
         if line.iter().all(u8::is_ascii_whitespace) {
             continue; // nothing was asked: neither forwarded nor answered
         }
-        match refusal(&line, line_bytes, limits) {
-            // rmcp ends the session (and the process) at anything but a
-            // request before `initialize`; a notification has no answer
-            // and a response no question, so neither is sent. Only lines
-            // before `initialize` are looked at again.
-            None if !initialized && !request_before_initialize(&line, &mut initialized) => {
+        let refused = refusal(&line, line_bytes, limits).or_else(|| match initialized {
+            true => None,
+            false => refused_before_initialize(&line, &mut initialized),
+        });
+        match refused {
+            Some((0, _)) => {
                 eprintln!("deltamem mcp: ignored a notification or response sent before `initialize`");
             }
             None => {
@@ -167,16 +167,30 @@ struct Head<'a> {
     id: Option<&'a RawValue>,
 }
 
-/// Whether a line sent before `initialize` is a request (a method and an
-/// id: rmcp answers one with an error and goes on); `initialized` is set
-/// when it is `initialize` itself.
-fn request_before_initialize(line: &[u8], initialized: &mut bool) -> bool {
+/// What becomes of a line sent before `initialize` (read once it has
+/// passed `refusal`): `initialize` itself and `ping` go to rmcp (None;
+/// `initialized` is set at `initialize`); another request is refused here
+/// saying why (rmcp answered one with "request _meta is missing"); a
+/// notification or a response is dropped (code 0: rmcp ended the session,
+/// and the process, at either; neither has an answer).
+fn refused_before_initialize(line: &[u8], initialized: &mut bool) -> Option<(i32, String)> {
     let Ok(head) = serde_json::from_slice::<Head<'_>>(line) else {
-        return false;
+        return Some((0, String::new()));
     };
-    let request = head.method.is_some() && head.id.is_some();
-    *initialized = request && head.method.as_deref() == Some("initialize");
-    request
+    let method = head.method.as_deref();
+    if method.is_none() || head.id.is_none() {
+        return Some((0, String::new()));
+    }
+    *initialized = method == Some("initialize");
+    if *initialized || method == Some("ping") {
+        return None;
+    }
+    let message = format!(
+        "`{}` before `initialize`: the session is not initialized yet; send `initialize` (and then the \
+         `notifications/initialized` notification) first",
+        method.unwrap_or_default()
+    );
+    Some((INVALID_REQUEST, message))
 }
 
 /// JSON-RPC's code for a request that is not a valid request object.
@@ -561,15 +575,28 @@ mod tests {
         r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#
     }
 
+    /// `pump` of `input` after an `initialize` line, which is left out of
+    /// what reached rmcp.
+    fn pump_initialized(input: &[u8], limits: LineLimits) -> (String, Vec<serde_json::Value>) {
+        let mut all = format!("{}\n", only_initialize()).into_bytes();
+        all.extend_from_slice(input);
+        let (forwarded, answers) = pump(&all, limits);
+        let first = forwarded.find('\n').map_or(forwarded.len(), |at| at + 1);
+        assert_eq!(&forwarded[..first], format!("{}\n", only_initialize()));
+        (forwarded[first..].to_string(), answers)
+    }
+
     /// Before `initialize`, a notification or a response is not passed on
-    /// (rmcp ended the session, and the process, at one); a request is,
-    /// and after `initialize` everything is.
+    /// (rmcp ended the session, and the process, at one), nor is a request
+    /// other than `ping` (it is answered here); after `initialize`
+    /// everything is.
     #[test]
     fn only_requests_pass_before_initialize() {
         let lines = [
             r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
             r#"{"jsonrpc":"2.0","id":5,"result":{}}"#,
             r#"{"jsonrpc":"2.0","id":6,"method":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","id":8,"method":"ping"}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
             r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
             r#"{"jsonrpc":"2.0","id":7,"result":{}}"#,
@@ -577,8 +604,13 @@ mod tests {
         let input = lines.iter().map(|l| format!("{l}\n")).collect::<String>();
         let (forwarded, answered) = pump(input.as_bytes(), LineLimits::default());
         let passed: Vec<&str> = forwarded.lines().collect();
-        assert_eq!(passed, [lines[2], lines[3], lines[4], lines[5]]);
-        assert!(answered.is_empty(), "{answered:?}");
+        assert_eq!(passed, [lines[3], lines[4], lines[5], lines[6]]);
+        // The request before `initialize` is answered here, saying why
+        // (rmcp said "request _meta is missing"); a ping passes.
+        assert_eq!(answered.len(), 1, "{answered:?}");
+        assert_eq!(answered[0]["id"], 6);
+        let message = answered[0]["error"]["message"].as_str().unwrap();
+        assert!(message.contains("`tools/list` before `initialize`"), "{message}");
     }
 
     /// Stopped while whole lines wait in the buffer and the client keeps
@@ -628,7 +660,7 @@ mod tests {
         let long = format!(r#"{{"jsonrpc":"2.0","id":3,"params":"{}"}}"#, "x".repeat(300));
         let notification = r#"{"jsonrpc":"2.0","method":"m","params":{"a":[[[[1]]]]}}"#;
         let input = format!("{good}\n{deep}\n{notification}\n{long}\n\n{good}\n{{\"id\": 9, \"cut\": ");
-        let (forwarded, answers) = pump(input.as_bytes(), SMALL);
+        let (forwarded, answers) = pump_initialized(input.as_bytes(), SMALL);
         assert_eq!(
             forwarded,
             format!("{good}\n{good}\n"),
@@ -653,7 +685,7 @@ mod tests {
         let mut input = br#"{"jsonrpc":"2.0","id":5,"method":"m","params":{"s":"a"#.to_vec();
         input.extend_from_slice(b"\xff\"}}\n");
         input.extend_from_slice(format!("{good}\n").as_bytes());
-        let (forwarded, answers) = pump(&input, SMALL);
+        let (forwarded, answers) = pump_initialized(&input, SMALL);
         assert_eq!(forwarded, format!("{good}\n"));
         assert_eq!(answers.len(), 1, "{answers:?}");
         assert_eq!(answers[0]["id"], 5);
@@ -669,7 +701,7 @@ mod tests {
         let batch = r#" [{"jsonrpc":"2.0","id":"a","method":"m"},{"jsonrpc":"2.0","method":"n"},{"id":1.5e3}]"#;
         let notifications = r#"[{"jsonrpc":"2.0","method":"n"}]"#;
         let input = format!("{cut}\n{batch}\n{notifications}\ngarbage\n \t\n{good}\n");
-        let (forwarded, answers) = pump(input.as_bytes(), SMALL);
+        let (forwarded, answers) = pump_initialized(input.as_bytes(), SMALL);
         assert_eq!(forwarded, format!("{good}\n"));
         let ids: Vec<String> = answers.iter().map(|a| a["id"].to_string()).collect();
         assert_eq!(ids, ["3", "\"a\"", "1500.0"], "{answers:?}");
@@ -743,7 +775,7 @@ mod tests {
         .map(|l| format!("{l}\n"))
         .concat();
         let input: String = lines.iter().map(|(l, _, _)| format!("{l}\n")).collect::<String>() + &good;
-        let (forwarded, answers) = pump(input.as_bytes(), limits);
+        let (forwarded, answers) = pump_initialized(input.as_bytes(), limits);
         assert_eq!(forwarded, good);
         let mut answers = answers.iter();
         for (line, code, ids) in lines {
