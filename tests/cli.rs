@@ -1000,6 +1000,32 @@ fn export_writes_through_links_and_fifos_and_replaces_neither() {
     assert!(run.stderr.contains("is a directory"), "{}", run.stderr);
 }
 
+/// A node the export cannot write is named by its index, which `dump`
+/// shows (the error named only the id the file would have given it, made
+/// up for a node without an external id and found nowhere), and nothing
+/// is written.
+#[test]
+fn export_names_a_refused_node_by_its_index() {
+    let (dir, b) = bank(&[]);
+    ok(&["insert", s(&b)], &task(json!("root"), "one", &[1.0, 0.0, 0.0, 0.0]));
+    let bad = json!({"tree": "task", "attach": "root", "label": "SUCCESS", "scenario": "two",
+        "payload": {"reference_meta": "not json"}, "embedding": [0.0, 1.0, 0.0, 0.0]});
+    ok(&["insert", s(&b)], &format!("{bad}\n"));
+    let out = dir.path().join("out.jsonl");
+    let run = deltamem(
+        &["export", s(&b), "--tree", "task", "--format", "jsonl", "--out", s(&out)],
+        "",
+    );
+    assert_eq!(run.code, 1);
+    assert!(run.stderr.contains("node 1 (exported as "), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("reference_meta is not a JSON object"),
+        "{}",
+        run.stderr
+    );
+    assert!(!out.exists());
+}
+
 /// Issue 11, item 2, from the command line: `hit` commits (durable in the
 /// WAL), then the checkpoint at close fails (MANIFEST.tmp cannot be
 /// created, as on a full disk). The result line must still be printed,

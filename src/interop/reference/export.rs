@@ -319,12 +319,15 @@ type ReadPayload = (Payload, Map<String, Value>, Map<String, Value>);
 /// schema cannot carry it back as it is (naming the node).
 fn exportable_payload(bank: &Bank, index: u32, node_id: &str) -> Result<ReadPayload, InteropError> {
     let payload = bank.payload(index)?;
-    let ref_meta = json_field(&payload.fields, REFERENCE_META_FIELD, node_id)?;
-    let ref_payload = json_field(&payload.fields, REFERENCE_PAYLOAD_FIELD, node_id)?;
+    // Named by its index, which `dump` shows, as well as by the id the
+    // file would give it (made up for a node without an external id).
+    let named = format!("{index} (exported as {node_id})");
+    let ref_meta = json_field(&payload.fields, REFERENCE_META_FIELD, &named)?;
+    let ref_payload = json_field(&payload.fields, REFERENCE_PAYLOAD_FIELD, &named)?;
     if let Some(detail) = unrepresentable_field(&payload.fields, &ref_payload, &ref_meta) {
         return Err(InteropError::Node {
             file: "the bank".into(),
-            node_id: node_id.to_string(),
+            node_id: named,
             detail,
         });
     }
