@@ -1026,6 +1026,23 @@ fn export_names_a_refused_node_by_its_index() {
     assert!(!out.exists());
 }
 
+/// `serve` on an address in use says so once (the OS's reason was
+/// printed twice: in the message and again as its source).
+#[test]
+fn serve_on_a_port_in_use_says_why_once() {
+    let (_dir, b) = bank(&[]);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let run = deltamem(&["serve", s(&b), "--listen", &addr, "--quiet"], "");
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains(&format!("cannot listen on {addr}")),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(run.stderr.matches("(os error").count(), 1, "{}", run.stderr);
+}
+
 /// Issue 11, item 2, from the command line: `hit` commits (durable in the
 /// WAL), then the checkpoint at close fails (MANIFEST.tmp cannot be
 /// created, as on a full disk). The result line must still be printed,

@@ -69,7 +69,9 @@ pub enum ServeError {
     Bank(#[from] BankError),
     #[error("{0}")]
     Config(String),
-    #[error("{what}: {source}")]
+    // The io::Error is the source, not repeated in the message: `{:#}`
+    // (anyhow) prints it after this text (it was printed twice).
+    #[error("{what}")]
     Io {
         what: String,
         #[source]
