@@ -683,15 +683,7 @@ fn a_refused_wal_record_is_damage_that_repair_drops() {
             (*vector, row.vector_crc32, row.vector_sum32) = (forged, crc, sum);
         }
     });
-    for read_only in [false, true] {
-        let options = OpenOptions {
-            read_only,
-            ..OpenOptions::default()
-        };
-        let e = Bank::open(Arc::new(storage.clone()), options)
-            .err()
-            .unwrap()
-            .to_string();
+    for e in open_errors(&storage) {
         let named = ["wal.log", &format!("offset {at}"), "norm", "--drop-damaged-wal-tail"];
         assert!(named.iter().all(|n| e.contains(n)), "{e}");
     }
@@ -906,16 +898,25 @@ fn a_wal_with_records_past_the_checkpoint_is_never_taken_for_a_stale_one() {
     manifest.wal_salt ^= 1;
     storage.set_file_bytes("MANIFEST", manifest.encode().to_vec());
     let before = all_files(&storage);
-    for read_only in [true, false] {
-        let options = OpenOptions {
-            read_only,
-            ..OpenOptions::default()
-        };
-        let e = Bank::open(Arc::new(storage.clone()), options)
-            .err()
-            .unwrap()
-            .to_string();
+    for e in open_errors(&storage) {
         assert!(e.contains("wal.log") && e.contains("past the checkpoint"), "{e}");
     }
     assert_eq!(all_files(&storage), before);
+}
+
+/// The errors of a writer's and a reader's open of `storage`, each of
+/// which must fail.
+fn open_errors(storage: &MemStorage) -> Vec<String> {
+    [false, true]
+        .map(|read_only| {
+            let options = OpenOptions {
+                read_only,
+                ..OpenOptions::default()
+            };
+            match Bank::open(Arc::new(storage.clone()), options) {
+                Ok(_) => panic!("opened (read_only {read_only})"),
+                Err(e) => e.to_string(),
+            }
+        })
+        .to_vec()
 }

@@ -212,19 +212,13 @@ impl Bank {
         let mut report = self.verify()?;
         let derived = self.derived_file_names();
         report.problems.retain(|p| !derived.contains(&p.file));
-        let Some(first) = report.problems.first() else {
-            return Ok(());
-        };
-        Err(BankError::Corrupt {
-            file: first.file.clone(),
-            offset_bytes: first.offset_bytes,
-            detail: format!(
-                "{} ({} problem(s) in all, `deltamem verify` lists them); {what} refuses a damaged bank: its copy \
-                 would carry the damage over under fresh checksums",
-                first.detail,
-                report.problems.len()
+        first_problem(
+            &report,
+            &format!(
+                ", `deltamem verify` lists them); {what} refuses a damaged bank: its copy would carry the damage \
+                 over under fresh checksums"
             ),
-        })
+        )
     }
 
     /// The described names of the int8 side files of the live generation
@@ -835,17 +829,22 @@ fn read_back(dir: &Path, scope: VerifyScope) -> Result<(), BankError> {
     };
     let copy = Bank::open(Arc::new(FileStorage::new(dir)), options)?;
     let report = copy.verify_scope(scope)?;
+    first_problem(
+        &report,
+        "): the frozen copy does not read back as written, and was removed",
+    )
+}
+
+/// The report's first problem as an error naming its file and offset,
+/// with the count and `rest` (which closes the count's parenthesis).
+fn first_problem(report: &super::VerifyReport, rest: &str) -> Result<(), BankError> {
     let Some(first) = report.problems.first() else {
         return Ok(());
     };
     Err(BankError::Corrupt {
         file: first.file.clone(),
         offset_bytes: first.offset_bytes,
-        detail: format!(
-            "{} ({} problem(s) in all): the frozen copy does not read back as written, and was removed",
-            first.detail,
-            report.problems.len()
-        ),
+        detail: format!("{} ({} problem(s) in all{rest}", first.detail, report.problems.len()),
     })
 }
 
