@@ -252,16 +252,12 @@ fn run(cli: Cli) -> anyhow::Result<Status> {
             tree,
             embeddings,
             embeddings_npy,
-        } => {
-            cli::refuse_output_in_bank(&bank, embeddings_npy.as_deref())?;
-            cli::inspect::dump(&bank, tree.as_deref(), embeddings, embeddings_npy.as_deref(), quiet)
-        }
+        } => cli::inspect::dump(&bank, tree.as_deref(), embeddings, embeddings_npy.as_deref(), quiet),
         Command::Chain { bank, id, render } => cli::inspect::chain(&bank, &id, render),
         Command::Hit { bank, id } => cli::update::hit(&bank, &id),
         Command::Consolidate { bank, id, payload } => cli::update::consolidate(&bank, &id, &payload),
         Command::Due { bank, tree } => cli::inspect::due(&bank, tree.as_deref()),
         Command::Stats { bank, json, deep, plot } => {
-            cli::refuse_output_in_bank(&bank, plot.as_deref())?;
             let args = cli::report::StatsArgs {
                 json,
                 deep,
@@ -292,7 +288,6 @@ fn run(cli: Cli) -> anyhow::Result<Status> {
             depth,
             max_nodes,
         } => {
-            cli::refuse_output_in_bank(&bank, out.as_deref())?;
             let scope = cli::draw_scope::Scope {
                 root: root.as_ref(),
                 levels: depth,

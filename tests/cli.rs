@@ -294,7 +294,9 @@ fn an_output_file_inside_the_bank_is_refused() {
         .map(|f| (f.to_string(), std::fs::read(b.join(f)).unwrap()))
         .collect();
     let through_parent = b.join("..").join("bank").join("MANIFEST");
-    let cases: [Vec<&str>; 5] = [
+    let link = b.parent().unwrap().join("manifest-link");
+    std::os::unix::fs::symlink(b.join("MANIFEST"), &link).unwrap();
+    let cases: [Vec<&str>; 6] = [
         vec!["dump", s(&b), "--embeddings-npy", s(&through_parent)],
         vec!["stats", s(&b), "--plot", s(&through_parent)],
         vec!["draw", s(&b), "--tree", "task", "--out", "MANIFEST"],
@@ -309,6 +311,17 @@ fn an_output_file_inside_the_bank_is_refused() {
             "wal.log",
         ],
         vec!["dump", s(&b), "--embeddings-npy", "new.npy"],
+        // A link from elsewhere to one of the bank's files.
+        vec![
+            "export",
+            s(&b),
+            "--tree",
+            "task",
+            "--format",
+            "jsonl",
+            "--out",
+            s(&link),
+        ],
     ];
     for args in cases {
         // Relative names are resolved from the bank directory itself.
@@ -319,7 +332,7 @@ fn an_output_file_inside_the_bank_is_refused() {
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
-            !out.status.success() && stderr.contains("refusing to write"),
+            !out.status.success() && stderr.contains("is inside the bank directory"),
             "{args:?}: {stderr}"
         );
     }
@@ -986,8 +999,44 @@ fn export_writes_through_links_and_fifos_and_replaces_neither() {
         std::thread::spawn(move || std::fs::read(fifo).unwrap())
     };
     assert_eq!(export(&fifo).code, 0);
+    // Had the export not opened the FIFO, its reader would wait for a
+    // writer for ever: this open (which fails when no reader waits) lets
+    // it see an empty stream instead, and the test fail.
+    use std::os::unix::fs::OpenOptionsExt;
+    drop(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo),
+    );
     assert_eq!(reader.join().unwrap(), expected);
     assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+
+    // `--out /dev/stdout` with stdout appended to a file (`>>`): the file
+    // keeps what it held and gains the export after it (the file was
+    // replaced, or written over from its start).
+    let log = dir.path().join("log.txt");
+    std::fs::write(&log, b"before\n").unwrap();
+    let appended = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    let status = Command::new(env!("CARGO_BIN_EXE_deltamem"))
+        .args([
+            "export",
+            s(&b),
+            "--tree",
+            "task",
+            "--format",
+            "jsonl",
+            "--out",
+            "/dev/stdout",
+        ])
+        .stdout(appended)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut want = b"before\n".to_vec();
+    want.extend_from_slice(&expected);
+    assert_eq!(std::fs::read(&log).unwrap(), want);
 
     let dangling = dir.path().join("dangling.jsonl");
     std::os::unix::fs::symlink(dir.path().join("nowhere"), &dangling).unwrap();

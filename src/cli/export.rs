@@ -45,7 +45,6 @@ pub fn run(args: &ExportArgs, quiet: bool) -> anyhow::Result<Status> {
     let bank = super::open_read(&args.bank)?;
     // An unknown tree is reported before any output file is created.
     bank.tree_index(&args.tree)?;
-    super::refuse_output_in_bank(&args.bank, args.out.as_deref())?;
     let report = match &args.out {
         Some(path) => export_to_file(&bank, args, path)?,
         None => {

@@ -121,30 +121,6 @@ pub fn close(bank: Bank, path: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot close {} cleanly", path.display()))
 }
 
-/// Refuses an output file that would be created directly inside the bank
-/// directory (both resolved, so `bank/../bank/MANIFEST` and symlinks
-/// count): it could replace one of the bank's own files, and a command
-/// that only reads the bank would leave one that no longer opens.
-pub fn refuse_output_in_bank(bank: &Path, out: Option<&Path>) -> anyhow::Result<()> {
-    let Some(out) = out else {
-        return Ok(());
-    };
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    if let (Ok(parent), Ok(bank_dir)) = (parent.canonicalize(), bank.canonicalize())
-        && parent == bank_dir
-    {
-        anyhow::bail!(
-            "refusing to write {} into the bank directory {}: it would replace the bank's own files",
-            out.display(),
-            bank.display()
-        );
-    }
-    Ok(())
-}
-
 /// Runs `work` on the writer and closes the bank whatever happened, so a
 /// refused change still releases the lock. When the work succeeded and
 /// everything it wrote is durable, a failed close (its checkpoint) does not

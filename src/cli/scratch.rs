@@ -70,8 +70,11 @@ pub fn write_atomically(
     path: &Path,
     write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> Result<(), deltamem::interop::InteropError>,
 ) -> anyhow::Result<()> {
-    if let deltamem::interop::OutputTarget::Replace(file) = deltamem::interop::output_target(path)? {
-        remove_on_signal(&deltamem::interop::temp_sibling(&file))?;
+    // Resolved once: the temporary file removed on a signal is the one
+    // written.
+    let target = deltamem::interop::output_target(path)?;
+    if let deltamem::interop::OutputTarget::Replace(file) = &target {
+        remove_on_signal(&deltamem::interop::temp_sibling(file))?;
     }
-    Ok(deltamem::interop::write_atomically(path, write)?)
+    Ok(deltamem::interop::write_to(path, target, write)?)
 }

@@ -110,81 +110,173 @@ pub enum OutputTarget {
     /// and renamed into place. A symlink is followed, so the file it names
     /// is replaced and the link stays.
     Replace(std::path::PathBuf),
-    /// A FIFO, a character device (`/dev/null`, `/dev/stdout`'s terminal)
-    /// or a socket: written in place. Renaming a file over one would
-    /// replace it (as root, a device node) and its reader would get
-    /// nothing.
+    /// A FIFO, a character device or socket, or any path under `/dev/` or
+    /// `/proc/` (`/dev/fd/3`, `/dev/shm/x`): written in place. Renaming a
+    /// file over one would replace it (as root, a device node), and its
+    /// reader would get nothing.
     Stream(std::path::PathBuf),
+    /// The process's own stdout (1) or stderr (2), named `/dev/stdout`,
+    /// `/dev/fd/1` or `/proc/self/fd/1` (or 2): written through a
+    /// duplicate of the descriptor, so a `>>` redirection appends (a
+    /// rename replaced the file stdout was redirected to, and an open of
+    /// the name writes from its start).
+    Inherited(i32),
 }
 
-/// Where `path`'s bytes go; a directory, or a symlink that names no file,
-/// is refused (neither can be written, and replacing either is wrong).
+/// Where `path`'s bytes go. Refused: a directory, a symlink that names no
+/// file, and a file inside a bank directory (one holding `MANIFEST` and
+/// `wal.log`), however it is reached: it could be one of the bank's own
+/// files, which a command that only reads the bank would then break.
 pub fn output_target(path: &std::path::Path) -> Result<OutputTarget, InteropError> {
-    let invalid = |detail: &str| InteropError::Invalid {
-        file: path.display().to_string(),
-        detail: detail.to_string(),
-    };
+    let invalid = |detail: &str| InteropError::invalid(path, detail);
+    for (fd, names) in [
+        (1, ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"]),
+        (2, ["/dev/stderr", "/dev/fd/2", "/proc/self/fd/2"]),
+    ] {
+        if names.iter().any(|n| path == std::path::Path::new(n)) {
+            return Ok(OutputTarget::Inherited(fd));
+        }
+    }
     let linked = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
-    match std::fs::metadata(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && linked => Err(invalid(
-            "is a symbolic link to a file that does not exist; name the file itself",
-        )),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(OutputTarget::Replace(path.to_path_buf())),
-        Err(e) => Err(InteropError::io("stat", path)(e)),
-        Ok(m) if m.is_dir() => Err(invalid("is a directory, not a file")),
-        Ok(m) if !m.is_file() => Ok(OutputTarget::Stream(path.to_path_buf())),
-        Ok(_) if linked => std::fs::canonicalize(path)
-            .map(OutputTarget::Replace)
-            .map_err(InteropError::io("resolve", path)),
-        Ok(_) => Ok(OutputTarget::Replace(path.to_path_buf())),
+    let resolved = match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && linked => {
+            return Err(invalid(
+                "is a symbolic link to a file that does not exist; name the file itself",
+            ));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => path.to_path_buf(),
+        Err(e) => return Err(InteropError::io("stat", path)(e)),
+        Ok(m) if m.is_dir() => return Err(invalid("is a directory, not a file")),
+        Ok(m) if !m.is_file() => return Ok(OutputTarget::Stream(path.to_path_buf())),
+        Ok(_) if linked => std::fs::canonicalize(path).map_err(InteropError::io("resolve", path))?,
+        Ok(_) => path.to_path_buf(),
+    };
+    if path.starts_with("/dev") || path.starts_with("/proc") {
+        return Ok(OutputTarget::Stream(path.to_path_buf()));
+    }
+    let parent = match resolved.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    if parent.join(crate::storage::MANIFEST_FILE).is_file() && parent.join(crate::storage::WAL_FILE).is_file() {
+        return Err(invalid(&format!(
+            "is inside the bank directory {}: writing it could replace one of the bank's own files",
+            parent.display()
+        )));
+    }
+    Ok(OutputTarget::Replace(resolved))
+}
+
+/// An output being written: for a replaced file, the temporary sibling
+/// and the file it is renamed over (`output_target`).
+pub struct Output {
+    /// (temporary sibling, final file) when the output replaces a file.
+    placing: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// The path the caller named, which errors name.
+    named: std::path::PathBuf,
+}
+
+impl Output {
+    /// Opens what `target` (of `named`) says to write: the file to write
+    /// to, and the output to finish with it.
+    pub fn open(named: &std::path::Path, target: OutputTarget) -> Result<(std::fs::File, Output), InteropError> {
+        use std::os::fd::AsFd;
+        let (file, placing) = match target {
+            OutputTarget::Replace(file) => {
+                let tmp = temp_sibling(&file);
+                let created = std::fs::File::create(&tmp).map_err(InteropError::io("create", named))?;
+                (created, Some((tmp, file)))
+            }
+            OutputTarget::Stream(device) => {
+                let opened = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(device)
+                    .map_err(InteropError::io("open", named))?;
+                (opened, None)
+            }
+            OutputTarget::Inherited(fd) => {
+                let owned = match fd {
+                    1 => std::io::stdout().as_fd().try_clone_to_owned(),
+                    _ => std::io::stderr().as_fd().try_clone_to_owned(),
+                };
+                (owned.map_err(InteropError::io("duplicate", named))?.into(), None)
+            }
+        };
+        let output = Output {
+            placing,
+            named: named.to_path_buf(),
+        };
+        Ok((file, output))
+    }
+
+    /// The temporary sibling, if the output is written through one.
+    pub fn temp_path(&self) -> Option<&std::path::Path> {
+        self.placing.as_ref().map(|(tmp, _)| tmp.as_path())
+    }
+
+    /// Makes a replacing output durable and renames it into place (a
+    /// stream has nothing to sync or rename); on failure the temporary
+    /// sibling is removed.
+    /// The file must have been flushed (an fsync through any descriptor
+    /// of it covers what was written through all of them).
+    pub fn finish(self) -> Result<(), InteropError> {
+        let Some((tmp, target)) = &self.placing else {
+            return Ok(());
+        };
+        let placed = std::fs::File::open(tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(InteropError::io("fsync", &self.named))
+            .and_then(|()| std::fs::rename(tmp, target).map_err(InteropError::io("rename into place", &self.named)));
+        if placed.is_err() {
+            let _ = std::fs::remove_file(tmp);
+        }
+        placed
+    }
+
+    /// Removes a replacing output's temporary sibling (a failed write).
+    pub fn abandon(&self) {
+        if let Some((tmp, _)) = &self.placing {
+            let _ = std::fs::remove_file(tmp);
+        }
     }
 }
 
 /// Writes a file through a temporary sibling and renames it into place, so
 /// an interrupted write never leaves a half file under the final name (the
-/// reference truncates and rewrites in place; see SEMANTICS.md). A FIFO or
-/// a device is written in place instead (`output_target`).
+/// reference truncates and rewrites in place; see SEMANTICS.md). A FIFO, a
+/// device or the process's stdout is written in place (`output_target`).
 pub fn write_atomically(
     path: &std::path::Path,
     write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> Result<(), InteropError>,
 ) -> Result<(), InteropError> {
-    let target = match output_target(path)? {
-        OutputTarget::Stream(device) => return write_in_place(&device, path, write),
-        OutputTarget::Replace(file) => file,
-    };
-    let tmp = temp_sibling(&target);
-    // Failures name `path`, the file the user asked for: the temporary
-    // sibling is ours, and its name says nothing to them.
-    let result = (|| {
-        let file = std::fs::File::create(&tmp).map_err(InteropError::io("create", path))?;
-        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-        write(&mut out)?;
-        let file = out
-            .into_inner()
-            .map_err(|e| InteropError::io("write", path)(e.into_error()))?;
-        file.sync_all().map_err(InteropError::io("fsync", path))?;
-        std::fs::rename(&tmp, &target).map_err(InteropError::io("rename into place", path))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    write_to(path, output_target(path)?, write)
 }
 
-/// Writes to a FIFO or a device as it is: no temporary file, no fsync
-/// (neither has one to give).
-fn write_in_place(
-    device: &std::path::Path,
+/// `write_atomically` to a target already resolved (`output_target`).
+pub fn write_to(
     path: &std::path::Path,
+    target: OutputTarget,
     write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> Result<(), InteropError>,
 ) -> Result<(), InteropError> {
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(device)
-        .map_err(InteropError::io("open", path))?;
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-    write(&mut out)?;
-    out.into_inner()
-        .map(drop)
-        .map_err(|e| InteropError::io("write", path)(e.into_error()))
+    let (file, output) = Output::open(path, target)?;
+    // Failures name `path`, the file the user asked for: the temporary
+    // sibling is ours, and its name says nothing to them.
+    let written = (|| {
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+        write(&mut out)?;
+        out.into_inner()
+            .map_err(|e| InteropError::io("write", path)(e.into_error()))
+    })();
+    match written {
+        Ok(file) => {
+            drop(file);
+            output.finish()
+        }
+        Err(e) => {
+            output.abandon();
+            Err(e)
+        }
+    }
 }

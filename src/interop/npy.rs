@@ -410,7 +410,7 @@ enum Sink {
 /// removes the temporary file and leaves `path` alone.
 pub struct NpyMatrixWriter {
     path: PathBuf,
-    tmp: PathBuf,
+    output: Option<super::Output>,
     sink: Option<Sink>,
     row_count: u64,
     dim_count: usize,
@@ -426,8 +426,7 @@ impl NpyMatrixWriter {
     ) -> Result<NpyMatrixWriter, InteropError> {
         // Errors name `path`, the file the caller asked for, not the
         // temporary sibling it is written through.
-        let tmp = super::temp_sibling(path);
-        let file = File::create(&tmp).map_err(InteropError::io("create", path))?;
+        let (file, output) = super::Output::open(path, super::output_target(path)?)?;
         let out = BufWriter::with_capacity(1 << 20, file);
         let dtype = DType::Plain(element.descr().parse().expect("a valid literal type string"));
         let shape = [row_count, dim_count as u64];
@@ -452,7 +451,7 @@ impl NpyMatrixWriter {
         };
         Ok(NpyMatrixWriter {
             path: path.to_path_buf(),
-            tmp,
+            output: Some(output),
             sink: Some(sink),
             row_count,
             dim_count,
@@ -490,23 +489,21 @@ impl NpyMatrixWriter {
                 format!("{} rows written, {} announced", self.rows_written, self.row_count),
             ));
         }
-        let tmp = self.tmp.clone();
         let finished = match self.sink.take().expect("unfinished writer") {
             Sink::F32(w) => w.finish(),
             Sink::F16(w) => w.finish(),
         };
         finished.map_err(InteropError::io("write", &self.path))?;
-        File::open(&tmp)
-            .and_then(|f| f.sync_all())
-            .map_err(InteropError::io("fsync", &self.path))?;
-        std::fs::rename(&tmp, &self.path).map_err(InteropError::io("rename into place", &self.path))
+        // Taken: a finish that fails removes the temporary file itself.
+        self.output.take().expect("unfinished writer").finish()
     }
 }
 
 impl Drop for NpyMatrixWriter {
+    /// An unfinished or failed write leaves no temporary file.
     fn drop(&mut self) {
-        if self.sink.is_some() || self.tmp.exists() {
-            let _ = std::fs::remove_file(&self.tmp);
+        if let Some(output) = &self.output {
+            output.abandon();
         }
     }
 }
