@@ -868,6 +868,18 @@ fn compact_and_freeze_rederive_a_damaged_int8_column() {
             "compact {compact}: answers differ"
         );
     }
+    // An int8 file one byte short fails its segment's mapping, which
+    // hides the f32 checks of that segment: refused, not mended.
+    let (storage, _) = build_in(Precision::Int8);
+    let mut bytes = storage.file_bytes("qvectors-000000.seg").unwrap();
+    bytes.pop();
+    storage.set_file_bytes("qvectors-000000.seg", bytes);
+    let mut bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
+    let e = bank.compact().unwrap_err().to_string();
+    assert!(
+        e.contains("qvectors-000000.seg") && e.contains("compact refuses"),
+        "{e}"
+    );
     // With the f32 column damaged as well, both are refused.
     let (storage, _) = build_in(Precision::Int8);
     damage_int8(&storage);

@@ -19,6 +19,11 @@ use crate::storage::{
     vector_segment_file,
 };
 
+/// How a damaged int8 row's problem begins (`check_qvector`): the one
+/// damage compact and freeze mend rather than refuse, since their copy
+/// derives every int8 row afresh (`Bank::refuse_damaged`).
+pub(crate) const INT8_ROW_DIFFERS: &str = "int8 row of node";
+
 pub(crate) struct SegmentMaps {
     pub table: Mapping,
     pub vectors: Mapping,
@@ -662,7 +667,7 @@ impl Base {
                     .storage
                     .describe(&qvector_segment_file(self.generation, index / self.rows_per_segment)),
                 offset_bytes: (self.qvector_range(index).start + at) as u64,
-                detail: format!("int8 row of node {index} differs from its f32 vector at byte {at}"),
+                detail: format!("{INT8_ROW_DIFFERS} {index} differs from its f32 vector at byte {at}"),
             }),
         }
     }
