@@ -786,10 +786,12 @@ fn a_wal_payload_that_does_not_decode_is_reported_by_verify_and_named_by_reads()
 }
 
 /// A data file the manifest names that is gone is one problem naming that
-/// file, from a writer's and a reader's verify alike: not a failed verify
-/// (the payload log's absence was an error, and the server answered its
-/// `/v1/verify` with a 500), and not one problem per node. The rest of
-/// the bank is still checked: nothing else is reported.
+/// file in a reader's verify: not a failed verify (the payload log's
+/// absence was an error, and the server answered its `/v1/verify` with a
+/// 500), and not one problem per node. The rest of the bank is still
+/// checked: nothing else is reported. A writer's open is refused naming
+/// the file, and changes nothing (a writer recreated a missing segment
+/// with zeros, and putting the file back then lost the new rows).
 #[test]
 fn a_missing_data_file_is_one_problem_naming_it() {
     let (storage, _) = build();
@@ -799,28 +801,36 @@ fn a_missing_data_file_is_one_problem_naming_it() {
         .filter(|n| n.starts_with("payloads") || n.ends_with(".seg"))
         .collect();
     assert!(data_files.len() >= 7, "{data_files:?}");
+    let read_only = OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
     for name in data_files {
-        for read_only in [false, true] {
-            let (storage, _) = build();
-            let bytes = storage.file_bytes(&name).unwrap();
-            deltamem::storage::Storage::remove(&storage, &name).unwrap();
-            let options = OpenOptions {
-                read_only,
-                ..OpenOptions::default()
-            };
-            let bank = Bank::open(Arc::new(storage.clone()), options.clone()).unwrap();
-            let report = bank.verify().unwrap_or_else(|e| panic!("{name}: verify failed: {e}"));
-            assert_eq!(report.problems.len(), 1, "{name}: {:?}", report.problems);
-            let Problem { file, detail, .. } = &report.problems[0];
-            assert!(
-                file.ends_with(&name) && detail.contains(&name),
-                "{name}: {file}: {detail}"
-            );
-            drop(bank);
-            storage.set_file_bytes(&name, bytes);
-            let bank = Bank::open(Arc::new(storage.clone()), options).unwrap();
-            assert!(bank.verify().unwrap().is_ok(), "{name}: put back");
-        }
+        let (storage, _) = build();
+        let bytes = storage.file_bytes(&name).unwrap();
+        deltamem::storage::Storage::remove(&storage, &name).unwrap();
+        let before = all_files(&storage);
+        let e = Bank::open(Arc::new(storage.clone()), OpenOptions::default())
+            .err()
+            .unwrap_or_else(|| panic!("{name}: a writer opened"))
+            .to_string();
+        assert!(
+            e.contains(&name) && e.contains("missing") && e.contains("MANIFEST"),
+            "{name}: {e}"
+        );
+        assert_eq!(all_files(&storage), before, "{name}");
+        let bank = Bank::open(Arc::new(storage.clone()), read_only.clone()).unwrap();
+        let report = bank.verify().unwrap_or_else(|e| panic!("{name}: verify failed: {e}"));
+        assert_eq!(report.problems.len(), 1, "{name}: {:?}", report.problems);
+        let Problem { file, detail, .. } = &report.problems[0];
+        assert!(
+            file.ends_with(&name) && detail.contains(&name),
+            "{name}: {file}: {detail}"
+        );
+        drop(bank);
+        storage.set_file_bytes(&name, bytes);
+        let bank = Bank::open(Arc::new(storage.clone()), OpenOptions::default()).unwrap();
+        assert!(bank.verify().unwrap().is_ok(), "{name}: put back");
     }
 }
 

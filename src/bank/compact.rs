@@ -419,39 +419,39 @@ impl Bank {
     }
 }
 
-/// Refuses a writer's open when files of another generation are present
-/// (what a crashed compact left, which the open then deletes) while a
-/// file of the manifest's generation that its nodes need is missing: the
-/// manifest is what is damaged, and the other generation may hold the
-/// bank's only data (a forged one made every writer open delete it).
-/// Checked before the WAL is replayed, whose checks read the data files.
+/// Refuses a writer's open while a file of the manifest's generation that
+/// its nodes need is missing. A writer would recreate it or extend it with
+/// zeros (a missing segment became one of zeros, its nodes' vectors
+/// "damaged", and putting the file back would then lose the new rows). And
+/// when files of another generation are present (what a crashed compact
+/// left, which the open then deletes), the manifest is what is damaged,
+/// and the other generation may hold the bank's only data (a forged one
+/// made every writer open delete it). Checked before the WAL is replayed,
+/// whose checks read the data files.
 pub(crate) fn refuse_missing_live_files(storage: &dyn Storage, manifest: &Manifest) -> Result<(), BankError> {
     let live = manifest.generation;
     let names = storage.list().map_err(StorageError::io("list", storage.describe("")))?;
-    if !names.iter().any(|n| data_file_generation(n).is_some_and(|g| g != live)) {
-        return Ok(());
-    }
     let segments = manifest.node_count.div_ceil(u64::from(manifest.rows_per_segment)) as u32;
     let int8 = manifest.precision == Precision::Int8;
-    let needed = std::iter::once(payload_file(live)).chain((0..segments).flat_map(|s| {
+    let mut needed = std::iter::once(payload_file(live)).chain((0..segments).flat_map(|s| {
         let quant = int8.then(|| qvector_segment_file(live, s));
         [table_segment_file(live, s), vector_segment_file(live, s)]
             .into_iter()
             .chain(quant)
     }));
-    for name in needed {
-        if !names.contains(&name) {
-            return Err(BankError::Corrupt {
-                file: storage.describe(MANIFEST_FILE),
-                offset_bytes: crate::format::manifest::MAN_GENERATION_OFFSET as u64,
-                detail: format!(
-                    "the manifest names generation {live}, but its file {name} is missing; the files of other \
-                     generations are kept (nothing was deleted)"
-                ),
-            });
-        }
-    }
-    Ok(())
+    let Some(missing) = needed.find(|name| !names.contains(name)) else {
+        return Ok(());
+    };
+    let others = names.iter().any(|n| data_file_generation(n).is_some_and(|g| g != live));
+    let kept = match others {
+        true => "; the files of other generations are kept (nothing was deleted)",
+        false => "; nothing was written (restore the file, or export what reads and import it anew)",
+    };
+    Err(BankError::Corrupt {
+        file: storage.describe(MANIFEST_FILE),
+        offset_bytes: crate::format::manifest::MAN_GENERATION_OFFSET as u64,
+        detail: format!("the manifest names generation {live}, but its file {missing} is missing{kept}"),
+    })
 }
 
 /// Where a generation's segment files are written.
