@@ -985,10 +985,15 @@ fn export_writes_through_links_and_fifos_and_replaces_neither() {
     assert!(!expected.is_empty());
     let (target, link) = (dir.path().join("target.jsonl"), dir.path().join("link.jsonl"));
     std::fs::write(&target, b"old").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
     std::os::unix::fs::symlink(&target, &link).unwrap();
     assert_eq!(export(&link).code, 0);
     assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
     assert_eq!(std::fs::read(&target).unwrap(), expected);
+    // The file replaced keeps its permissions (it became 0644).
+    let mode = std::fs::metadata(&target).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
 
     let fifo = dir.path().join("fifo");
     let c_path = std::ffi::CString::new(s(&fifo)).unwrap();

@@ -77,7 +77,12 @@ impl Bank {
         let tmp = out_dir.with_file_name(format!("{}.freezing", name.to_string_lossy()));
         let io = |op| StorageError::io(op, tmp.display().to_string());
         remove_own_work_dir(&tmp)?;
-        std::fs::create_dir_all(&tmp).map_err(io("create directory"))?;
+        // Created here, not found: a directory that appeared at the name
+        // since (a second freeze to the same OUT) is not ours to empty.
+        if let Some(parent) = tmp.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(io("create the parent directory"))?;
+        }
+        std::fs::create_dir(&tmp).map_err(io("create directory"))?;
         let target = FileStorage::new(&tmp);
         let built = self
             .freeze_into(&target)
@@ -805,13 +810,28 @@ fn settle(
     built: Result<FreezeReport, BankError>,
     scope: VerifyScope,
 ) -> Result<FreezeReport, BankError> {
+    let io = |op| StorageError::io(op, tmp.display().to_string());
+    // The mark is back for the read-back (a finished copy has none): a
+    // crash during it leaves work the next freeze may clear, not an
+    // unmarked copy it refuses to touch. On failure, only the engine's own
+    // files go.
+    let marked = |report| {
+        std::fs::write(tmp.join(FREEZING_MARK_FILE), b"")
+            .map(|()| report)
+            .map_err(|e| BankError::from(io("mark")(e)))
+    };
     let report = built
+        .and_then(marked)
         .and_then(|report| read_back(tmp, scope).map(|()| report))
+        .and_then(|report| {
+            std::fs::remove_file(tmp.join(FREEZING_MARK_FILE))
+                .map(|()| report)
+                .map_err(|e| io("remove the mark")(e).into())
+        })
         .inspect_err(|_| {
             let _ = std::fs::write(tmp.join(FREEZING_MARK_FILE), b"");
             let _ = remove_own_work_dir(tmp);
         })?;
-    let io = |op| StorageError::io(op, tmp.display().to_string());
     std::fs::rename(tmp, out_dir).map_err(io("rename"))?;
     let parent = out_dir
         .parent()

@@ -39,6 +39,10 @@ pub fn dump(
         )?),
         None => None,
     };
+    // A SIGTERM mid-dump left an 18 MB temporary file behind.
+    if let Some(tmp) = matrix.as_ref().and_then(NpyMatrixWriter::temp_path) {
+        super::scratch::remove_on_signal(tmp)?;
+    }
     let progress = Progress::bar(ids.len() as u64, "nodes", quiet);
     let mut out = super::stdout();
     for &index in &ids {

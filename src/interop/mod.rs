@@ -185,6 +185,15 @@ impl Output {
             OutputTarget::Replace(file) => {
                 let tmp = temp_sibling(&file);
                 let created = std::fs::File::create(&tmp).map_err(InteropError::io("create", named))?;
+                // The file replaced keeps its permissions (a 0600 export
+                // became 0644).
+                if let Ok(old) = std::fs::metadata(&file) {
+                    let kept = created.set_permissions(old.permissions());
+                    if let Err(e) = kept {
+                        let _ = std::fs::remove_file(&tmp);
+                        return Err(InteropError::io("set the permissions of", named)(e));
+                    }
+                }
                 (created, Some((tmp, file)))
             }
             OutputTarget::Stream(device) => {

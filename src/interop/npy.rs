@@ -459,6 +459,12 @@ impl NpyMatrixWriter {
         })
     }
 
+    /// The temporary file the matrix is written through, if any (to be
+    /// removed on a signal).
+    pub fn temp_path(&self) -> Option<&Path> {
+        self.output.as_ref().and_then(|o| o.temp_path())
+    }
+
     pub fn write_row(&mut self, row: &[f32]) -> Result<(), InteropError> {
         if row.len() != self.dim_count || self.rows_written >= self.row_count {
             return Err(InteropError::Row {
