@@ -950,6 +950,19 @@ fn repair_dry_run_reports_what_the_repair_would_refuse() {
         }
     }
     assert_eq!(dir_bytes(&path), before, "a refusal changed the bank");
+    // A frozen bank: the repair refuses it, so the dry run says so too.
+    let (dir, b) = bank(&[]);
+    ok(&["insert", s(&b)], &task(json!("root"), "one", &[1.0, 0.0, 0.0, 0.0]));
+    let frozen = dir.path().join("frozen");
+    ok(&["freeze", s(&b), s(&frozen)], "");
+    for args in [
+        vec!["repair", s(&frozen)],
+        vec!["repair", s(&frozen), "--drop-damaged-wal-tail"],
+    ] {
+        let run = deltamem(&args, "");
+        assert_eq!(run.code, 1, "{args:?}: {}", run.stdout);
+        assert!(run.stderr.contains("frozen"), "{args:?}: {}", run.stderr);
+    }
 }
 
 fn dir_bytes(path: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {

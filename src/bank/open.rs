@@ -318,10 +318,16 @@ impl Bank {
     }
 
     /// What a writer's open (so a repair) would refuse before replaying,
-    /// checked from a read-only handle without the lock: a manifest naming
-    /// live files that are missing while files of another generation are
-    /// present. For a repair's dry run, which otherwise sees only the WAL.
+    /// checked from a read-only handle without the lock: a frozen bank, and
+    /// a manifest naming live files that are missing. For a repair's dry
+    /// run, which otherwise sees only the WAL.
     pub fn check_writer_open(&self) -> Result<(), BankError> {
+        if self.manifest.is_frozen() {
+            return Err(BankError::ReadOnly(format!(
+                "{} is frozen; open it read-only",
+                self.storage.describe("")
+            )));
+        }
         super::compact::refuse_missing_live_files(self.storage.as_ref(), &self.manifest)
     }
 

@@ -309,12 +309,14 @@ impl<'de> serde::de::Visitor<'de> for UniqueKeys<'_> {
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let mut keys = std::collections::HashSet::new();
         while let Some(key) = map.next_key::<String>()? {
-            if !keys.insert(key.clone()) {
+            // Asked before it is kept: no copy of every key.
+            if keys.contains(&key) {
                 self.0.set(true);
                 return Err(serde::de::Error::custom(format_args!(
                     "`{key}` appears twice in one object"
                 )));
             }
+            keys.insert(key);
             map.next_value_seed(self)?;
         }
         Ok(())
