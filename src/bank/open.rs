@@ -538,7 +538,12 @@ fn check_wal_start(
     // `checkpoint_lsn` replaced: it holds no record past that LSN (a record
     // past it would be a change no data file holds, and the writer would
     // put a new WAL over it).
-    let past = wal_scan.next_lsn().saturating_sub(1);
+    // Records after damage in it count too: a stale WAL is dropped whole.
+    let past = wal_scan
+        .damage
+        .as_ref()
+        .map_or(0, |d| *d.dropped_lsns.end())
+        .max(wal_scan.next_lsn().saturating_sub(1));
     let contradicts = if stale {
         start > expected || past >= expected
     } else {
