@@ -217,10 +217,9 @@ impl Bank {
     /// its segment's mapping, which hides the f32 checks of the segment.
     fn refuse_damaged(&self, what: &str) -> Result<(), BankError> {
         let mut report = self.verify()?;
-        let derived = self.derived_file_names();
         report
             .problems
-            .retain(|p| !(derived.contains(&p.file) && p.detail.starts_with(super::base::INT8_ROW_DIFFERS)));
+            .retain(|p| !p.detail.starts_with(super::base::INT8_ROW_DIFFERS));
         first_problem(
             &report,
             &format!(
@@ -228,21 +227,6 @@ impl Bank {
                  over under fresh checksums"
             ),
         )
-    }
-
-    /// The described names of the int8 side files of the live generation
-    /// (none unless the bank is int8).
-    fn derived_file_names(&self) -> Vec<String> {
-        if self.manifest.precision != Precision::Int8 {
-            return Vec::new();
-        }
-        let segments = self.base.node_count.div_ceil(self.base.rows_per_segment);
-        (0..segments)
-            .map(|s| {
-                self.storage
-                    .describe(&qvector_segment_file(self.manifest.generation, s))
-            })
-            .collect()
     }
 
     pub(crate) fn poison(&mut self, reason: String) {

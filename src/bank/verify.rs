@@ -149,8 +149,12 @@ impl Bank {
         let mut report = self.verify_view(scope)?;
         let mut generation = self.manifest.generation;
         for _ in 1..VERIFY_VIEWS {
-            let moved = read_manifest(self.storage.as_ref()).is_ok_and(|m| m.generation != generation);
-            if report.is_ok() || self.writer.is_some() || !moved {
+            // The manifest is read again only for a reader that found
+            // problems.
+            if report.is_ok()
+                || self.writer.is_some()
+                || !read_manifest(self.storage.as_ref()).is_ok_and(|m| m.generation != generation)
+            {
                 break;
             }
             let fresh = self.reopened()?;

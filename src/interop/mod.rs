@@ -227,9 +227,9 @@ impl Output {
 
     /// Makes a replacing output durable and renames it into place (a
     /// stream has nothing to sync or rename); on failure the temporary
-    /// sibling is removed.
-    /// The file must have been flushed (an fsync through any descriptor
-    /// of it covers what was written through all of them).
+    /// sibling is removed. The file must have been flushed: the fsync goes
+    /// through a descriptor of its own, which covers what was written
+    /// through any.
     pub fn finish(self) -> Result<(), InteropError> {
         let Some((tmp, target)) = &self.placing else {
             return Ok(());

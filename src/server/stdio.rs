@@ -129,14 +129,18 @@ where
         if line.iter().all(u8::is_ascii_whitespace) {
             continue; // nothing was asked: neither forwarded nor answered
         }
-        let refused = refusal(&line, line_bytes, limits).or_else(|| match initialized {
-            true => None,
-            false => refused_before_initialize(&line, &mut initialized),
-        });
+        let refused = match refusal(&line, line_bytes, limits) {
+            None if !initialized => match before_initialize(&line, &mut initialized) {
+                Early::Pass => None,
+                Early::Drop => {
+                    eprintln!("deltamem mcp: ignored a notification or response sent before `initialize`");
+                    continue;
+                }
+                Early::Refuse(code, message) => Some((code, message)),
+            },
+            refused => refused,
+        };
         match refused {
-            Some((0, _)) => {
-                eprintln!("deltamem mcp: ignored a notification or response sent before `initialize`");
-            }
             None => {
                 line.push(b'\n');
                 to_rmcp.write_all(&line).await?;
@@ -167,30 +171,36 @@ struct Head<'a> {
     id: Option<&'a RawValue>,
 }
 
+/// What becomes of a line sent before `initialize`.
+enum Early {
+    /// `initialize` itself, or `ping`: to rmcp.
+    Pass,
+    /// A notification or a response: rmcp ended the session (and the
+    /// process) at either, and neither has an answer.
+    Drop,
+    /// Another request, answered here saying why (rmcp answered one with
+    /// "request _meta is missing").
+    Refuse(i32, String),
+}
+
 /// What becomes of a line sent before `initialize` (read once it has
-/// passed `refusal`): `initialize` itself and `ping` go to rmcp (None;
-/// `initialized` is set at `initialize`); another request is refused here
-/// saying why (rmcp answered one with "request _meta is missing"); a
-/// notification or a response is dropped (code 0: rmcp ended the session,
-/// and the process, at either; neither has an answer).
-fn refused_before_initialize(line: &[u8], initialized: &mut bool) -> Option<(i32, String)> {
+/// passed `refusal`); `initialized` is set at `initialize`.
+fn before_initialize(line: &[u8], initialized: &mut bool) -> Early {
     let Ok(head) = serde_json::from_slice::<Head<'_>>(line) else {
-        return Some((0, String::new()));
+        return Early::Drop;
     };
-    let method = head.method.as_deref();
-    if method.is_none() || head.id.is_none() {
-        return Some((0, String::new()));
-    }
-    *initialized = method == Some("initialize");
-    if *initialized || method == Some("ping") {
-        return None;
+    let Some(method) = head.method.as_deref().filter(|_| head.id.is_some()) else {
+        return Early::Drop;
+    };
+    *initialized = method == "initialize";
+    if *initialized || method == "ping" {
+        return Early::Pass;
     }
     let message = format!(
-        "`{}` before `initialize`: the session is not initialized yet; send `initialize` (and then the \
-         `notifications/initialized` notification) first",
-        method.unwrap_or_default()
+        "`{method}` before `initialize`: the session is not initialized yet; send `initialize` (and then the \
+         `notifications/initialized` notification) first"
     );
-    Some((INVALID_REQUEST, message))
+    Early::Refuse(INVALID_REQUEST, message)
 }
 
 /// JSON-RPC's code for a request that is not a valid request object.
