@@ -86,3 +86,56 @@ fn a_sync_overtaken_by_a_checkpoint_changes_nothing() {
     );
     assert_eq!(count_after_power_loss(&storage), 1);
 }
+
+/// Commits run through `commit_gathered` write their WAL records in one
+/// write when it returns, and until then no detached fsync claims them:
+/// one taken inside covers only what was written before.
+#[test]
+fn gathered_commits_are_written_once_and_claimed_durable_only_after() {
+    let storage = SimStorage::new();
+    let mut bank = Bank::create(Arc::new(storage.clone()), BankConfig::new(4)).unwrap();
+    bank.insert_with(node(0), Some(SyncPolicy::None)).unwrap();
+    let ops_before = storage.op_count();
+    let (inside, written) = bank.commit_gathered(|bank| {
+        for i in 1..6 {
+            bank.insert_with(node(i), Some(SyncPolicy::None)).unwrap();
+        }
+        let pending = bank.detach_sync().unwrap().expect("node 0's record is written");
+        (storage.op_count(), pending.below_lsn())
+    });
+    written.unwrap();
+    let (ops_inside, covered_below) = inside;
+    assert_eq!(ops_inside, ops_before, "nothing written while gathering");
+    assert_eq!(storage.op_count(), ops_before + 1, "five records, one write");
+    assert_eq!(covered_below, 2, "the fsync taken inside covers node 0 only");
+    assert_eq!(count_after_power_loss(&storage), 0, "nothing synced yet");
+    let pending = bank.detach_sync().unwrap().expect("six written records");
+    assert_eq!(pending.below_lsn(), 7);
+    let outcome = pending.run();
+    bank.finish_sync(&pending, outcome).unwrap();
+    assert_eq!(count_after_power_loss(&storage), 6);
+}
+
+/// A gathered write that fails poisons the bank: the commits it held are
+/// applied but in no file, so no later sync may call them durable.
+#[test]
+fn a_failed_gathered_write_poisons_the_bank() {
+    let storage = SimStorage::new();
+    let mut bank = Bank::create(Arc::new(storage.clone()), BankConfig::new(4)).unwrap();
+    bank.insert(node(0)).unwrap();
+    let ((), written) = bank.commit_gathered(|bank| {
+        for i in 1..4 {
+            bank.insert_with(node(i), Some(SyncPolicy::None)).unwrap();
+        }
+        storage.set_plan(Some(FaultPlan {
+            at_op: storage.op_count(),
+            kind: FaultKind::Fail,
+        }));
+    });
+    storage.set_plan(None);
+    assert!(written.is_err(), "the planned fault hits the gathered write");
+    assert!(bank.detach_sync().is_err(), "no fsync may claim them");
+    assert!(bank.sync().is_err());
+    assert!(bank.insert(node(4)).is_err(), "further writes are refused");
+    assert_eq!(count_after_power_loss(&storage), 1, "only the synced node");
+}

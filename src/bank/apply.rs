@@ -269,6 +269,30 @@ impl Bank {
         Ok(self.writer.as_ref().expect("writer").wal.detach_sync())
     }
 
+    /// Runs `commits` with the WAL records they append gathered and written
+    /// in one write when it returns (`WalWriter::gather`; a record of
+    /// 256 KiB or more is written at once): a server's round of commits
+    /// then makes one write system call, not one per commit. Nothing else
+    /// sees them unwritten: `commits` has the bank to itself, and an fsync
+    /// in it (a sync policy's, a checkpoint's) writes them first. Also
+    /// returns the write's outcome: after a failure the commits are
+    /// applied but not in the WAL, so the bank is poisoned and must not
+    /// report them made.
+    pub fn commit_gathered<R>(&mut self, commits: impl FnOnce(&mut Bank) -> R) -> (R, Result<(), BankError>) {
+        if let Some(writer) = self.writer.as_mut() {
+            writer.wal.gather();
+        }
+        let out = commits(self);
+        let Some(writer) = self.writer.as_mut() else {
+            return (out, Ok(()));
+        };
+        let written = writer.wal.stop_gathering().map_err(|e| {
+            writer.poisoned = Some(e.to_string());
+            BankError::from(e)
+        });
+        (out, written)
+    }
+
     /// Records the outcome of a detached sync. A failure poisons the bank,
     /// as a failed `sync` does (fsync is never retried).
     pub fn finish_sync(&mut self, done: &DetachedSync, outcome: Result<(), StorageError>) -> Result<(), BankError> {

@@ -146,20 +146,30 @@ fn refresh_reader(shared: &Shared) {
 }
 
 /// Applies a batch of a round under the exclusive lock, without an
-/// fsync; returns how many were applied.
+/// fsync, its WAL records written in one write (`Bank::commit_gathered`);
+/// returns how many were applied. Answers go out only once that write is
+/// done: at once under `none`, after the round's fsync otherwise.
 fn apply_batch(shared: &Shared, jobs: Vec<WriteJob>) -> usize {
     let Ok(mut bank) = shared.write_bank() else {
         jobs.into_iter().for_each(|j| drop(j.reply.send(Err(poisoned_lock()))));
         return 0;
     };
+    let (results, written) = bank.commit_gathered(|bank| {
+        jobs.into_iter()
+            .map(|job| (job.reply, apply(bank, job.op)))
+            .collect::<Vec<_>>()
+    });
     let mut applied = 0;
     let mut held = shared.unsynced.held.lock().unwrap_or_else(|p| p.into_inner());
-    for job in jobs {
-        let result = apply(&mut bank, job.op);
+    for (reply, result) in results {
+        let result = match (&written, result) {
+            (Err(e), Ok(_)) => Err(ApiError::unavailable(format!("write not made durable: {e}"))),
+            (_, result) => result,
+        };
         applied += usize::from(result.is_ok());
         match (&result, shared.policy) {
-            (Ok(_), SyncPolicy::Always | SyncPolicy::Batch { .. }) => held.push((job.reply, result)),
-            _ => drop(job.reply.send(result)),
+            (Ok(_), SyncPolicy::Always | SyncPolicy::Batch { .. }) => held.push((reply, result)),
+            _ => drop(reply.send(result)),
         }
     }
     drop(held);

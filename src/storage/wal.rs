@@ -342,6 +342,13 @@ pub struct WalWriter {
     prev_crc: u32,
     /// Every record with lsn < synced_below is durable.
     synced_below: u64,
+    /// Records framed while gathering (`gather`) and not written yet: the
+    /// bytes from `end_bytes - gathered.len()` to `end_bytes`.
+    gathered: Vec<u8>,
+    gathering: bool,
+    /// Every record with lsn < written_below is written (at most
+    /// `next_lsn`; less only while records are gathered).
+    written_below: u64,
 }
 
 /// The most a small record that reaches the end of the WAL zero-fills
@@ -381,6 +388,9 @@ impl WalWriter {
             allocated_bytes: WAL_HEADER_SIZE_BYTES as u64,
             prev_crc: header.chain_seed(),
             synced_below: header.start_lsn,
+            gathered: Vec::new(),
+            gathering: false,
+            written_below: header.start_lsn,
         })
     }
 
@@ -424,6 +434,9 @@ impl WalWriter {
             },
             prev_crc: scan.last_crc,
             synced_below: scan.next_lsn(),
+            gathered: Vec::new(),
+            gathering: false,
+            written_below: scan.next_lsn(),
         })
     }
 
@@ -450,34 +463,84 @@ impl WalWriter {
     /// as it is, so a transaction of a few MB is not copied into a frame
     /// first. A small record that reaches past the zeros written ahead
     /// carries more zeros in the same write (`preallocated_end`). `record` holds the record on
-    /// return (zeros written ahead of it are not left in it).
+    /// return (zeros written ahead of it are not left in it). While
+    /// gathering (`gather`), a small record is copied to the gathered ones
+    /// instead, and written with them.
     pub fn append_framed(&mut self, op_count: u16, record: &mut Vec<u8>) -> Result<u64, StorageError> {
         let lsn = self.next_lsn;
         let crc = frame_record(self.prev_crc, lsn, op_count, record);
         let record_bytes = record.len();
-        let record_end = self.end_bytes + record_bytes as u64;
-        if record_end > self.allocated_bytes && record_bytes < PREALLOCATE_BELOW_BYTES {
-            record.resize((preallocated_end(record_end) - self.end_bytes) as usize, 0);
+        if self.gathering && record_bytes < PREALLOCATE_BELOW_BYTES {
+            self.gathered.extend_from_slice(record);
+        } else {
+            // A large record is written as it is, after those gathered.
+            self.write_gathered()?;
+            self.write_at(record, record_bytes, self.end_bytes)?;
+            self.written_below = lsn + 1;
         }
-        let written = self.file.write_all_at(record, self.end_bytes);
-        let written_bytes = record.len() as u64;
-        record.truncate(record_bytes);
-        written.map_err(StorageError::io("write", self.desc.clone()))?;
-
-        self.allocated_bytes = self.allocated_bytes.max(self.end_bytes + written_bytes);
-        self.end_bytes = record_end;
+        self.end_bytes += record_bytes as u64;
         self.prev_crc = crc;
         self.next_lsn += 1;
         Ok(lsn)
     }
 
+    /// From now on small records are gathered and written together, in
+    /// one write, by `write_gathered` (or an fsync): a server applying a
+    /// round of commits makes one write system call for the round, not
+    /// one per commit. Gathered records are not written, so no fsync
+    /// covers them (`detach_sync`) until they are.
+    pub fn gather(&mut self) {
+        self.gathering = true;
+    }
+
+    /// Writes the gathered records in one write and stops gathering. On
+    /// an error the caller must poison the bank: those records were
+    /// counted (their LSNs are taken) but are not in the file.
+    pub fn stop_gathering(&mut self) -> Result<(), StorageError> {
+        self.gathering = false;
+        self.write_gathered()
+    }
+
+    fn write_gathered(&mut self) -> Result<(), StorageError> {
+        if self.gathered.is_empty() {
+            return Ok(());
+        }
+        let mut gathered = std::mem::take(&mut self.gathered);
+        let gathered_bytes = gathered.len();
+        let at_bytes = self.end_bytes - gathered_bytes as u64;
+        let written = self.write_at(&mut gathered, gathered_bytes, at_bytes);
+        gathered.clear();
+        self.gathered = gathered;
+        written?;
+        self.written_below = self.next_lsn;
+        Ok(())
+    }
+
+    /// Writes `bytes` (the first `record_bytes` of which are records) at
+    /// `at_bytes`, the end of what is written, with zeros after them when
+    /// they pass the zeros written ahead (`preallocated_end`); `bytes` is
+    /// given back without those zeros.
+    fn write_at(&mut self, bytes: &mut Vec<u8>, record_bytes: usize, at_bytes: u64) -> Result<(), StorageError> {
+        let record_end = at_bytes + record_bytes as u64;
+        if record_end > self.allocated_bytes && record_bytes < PREALLOCATE_BELOW_BYTES {
+            bytes.resize((preallocated_end(record_end) - at_bytes) as usize, 0);
+        }
+        let written = self.file.write_all_at(bytes, at_bytes);
+        let written_bytes = bytes.len() as u64;
+        bytes.truncate(record_bytes);
+        written.map_err(StorageError::io("write", self.desc.clone()))?;
+        self.allocated_bytes = self.allocated_bytes.max(at_bytes + written_bytes);
+        Ok(())
+    }
+
     /// An fsync of everything appended so far, to run without `&mut self`
     /// (None if nothing is unsynced). `complete_sync` records its success.
     pub fn detach_sync(&self) -> Option<DetachedSync> {
-        self.has_unsynced().then(|| DetachedSync {
+        // Gathered records are not in the file: no fsync covers them.
+        (self.synced_below < self.written_below).then(|| DetachedSync {
             file: self.file.clone(),
             desc: self.desc.clone(),
-            below_lsn: self.next_lsn,
+            below_lsn: self.written_below,
         })
     }
 
@@ -487,7 +550,7 @@ impl WalWriter {
     pub fn complete_sync(&mut self, done: &DetachedSync) {
         if Arc::ptr_eq(&self.file, &done.file) && done.below_lsn > self.synced_below {
             assert!(
-                done.below_lsn <= self.next_lsn,
+                done.below_lsn <= self.written_below,
                 "a detached sync cannot cover unwritten records"
             );
             self.synced_below = done.below_lsn;
@@ -497,6 +560,7 @@ impl WalWriter {
     /// fdatasync. On error the caller must poison the bank: the kernel may
     /// have dropped the dirty pages, so a retry could falsely succeed.
     pub fn sync(&mut self) -> Result<(), StorageError> {
+        self.write_gathered()?;
         self.file
             .sync_data()
             .map_err(StorageError::io("fsync", self.desc.clone()))?;
