@@ -152,3 +152,127 @@ fn large_records_are_written_without_zeros_after_them() {
     assert!(wal.len() > STEP / 4 && wal.len() == records_end(&storage));
     assert_eq!(scenarios(&open(&storage, true)), expected(4000));
 }
+
+/// A writer that recycles (`Bank::recycle_wals`, as `deltamem serve`
+/// does) starts each checkpoint's WAL in the same file: its length stays,
+/// the records after the new header are the old generation's (not
+/// zeros), new records go over them without growing the file, and every
+/// open reads exactly the new generation's records.
+#[test]
+fn a_recycled_wal_keeps_its_file_and_reads_back_only_the_new_generation() {
+    let storage = MemStorage::new();
+    let mut bank = Bank::create(Arc::new(storage.clone()), BankConfig::new(8)).unwrap();
+    bank.recycle_wals(true);
+    for k in 0..40 {
+        bank.insert(node(k)).unwrap();
+    }
+    let before = storage.file_bytes("wal.log").unwrap();
+    bank.checkpoint().unwrap();
+    let recycled = storage.file_bytes("wal.log").unwrap();
+    assert_eq!(recycled.len(), before.len(), "the same file, not a new one");
+    let scanned = scan(&*Arc::new(storage.clone()) as &dyn Storage).unwrap();
+    assert!(
+        scanned.records.is_empty() && scanned.valid_end_bytes == 64,
+        "no record of the new generation"
+    );
+    assert!(
+        scanned.damage.is_none(),
+        "the old records end the scan as a torn tail does"
+    );
+    assert_eq!(
+        recycled[64..],
+        before[64..],
+        "the old records are left to be written over"
+    );
+    assert!(recycled[64..].iter().any(|&b| b != 0));
+    for k in 40..60 {
+        bank.insert(node(k)).unwrap();
+    }
+    assert_eq!(
+        storage.file_bytes("wal.log").unwrap().len(),
+        before.len(),
+        "no zeros written ahead"
+    );
+    drop(bank); // a crash: no close, no checkpoint
+    let reader = open(&storage, true);
+    assert_eq!(scenarios(&reader), expected(60));
+    assert!(reader.verify().unwrap().is_ok());
+    drop(reader);
+    let mut writer = open(&storage, false);
+    assert_eq!(scenarios(&writer), expected(60));
+    writer.insert(node(60)).unwrap();
+    writer.close().unwrap();
+    assert_eq!(scenarios(&open(&storage, true)), expected(61));
+}
+
+/// `close` leaves a WAL of its header alone even while recycling.
+#[test]
+fn a_closed_bank_s_wal_is_its_header_alone_even_when_recycling() {
+    let storage = MemStorage::new();
+    let mut bank = Bank::create(Arc::new(storage.clone()), BankConfig::new(8)).unwrap();
+    bank.recycle_wals(true);
+    for k in 0..20 {
+        bank.insert(node(k)).unwrap();
+    }
+    bank.close().unwrap();
+    assert_eq!(storage.file_bytes("wal.log").unwrap().len(), 64);
+    assert_eq!(scenarios(&open(&storage, true)), expected(20));
+}
+
+/// A bank whose checkpoint recycled its WAL and stopped: 30 nodes in the
+/// data files, the WAL's new header over the 30 old records; `more` nodes
+/// inserted after it.
+fn recycled_then_stopped(more: usize) -> MemStorage {
+    let storage = MemStorage::new();
+    let mut bank = Bank::create(Arc::new(storage.clone()), BankConfig::new(8)).unwrap();
+    bank.recycle_wals(true);
+    for k in 0..30 {
+        bank.insert(node(k)).unwrap();
+    }
+    bank.checkpoint().unwrap();
+    for k in 30..30 + more {
+        bank.insert(node(k)).unwrap();
+    }
+    drop(bank);
+    storage
+}
+
+fn tear_header(storage: &MemStorage) {
+    let mut wal = storage.file_bytes("wal.log").unwrap();
+    wal[20] ^= 0x40; // inside the salt: the header's CRC fails
+    storage.set_file_bytes("wal.log", wal);
+}
+
+/// A header torn while a checkpoint recycled the WAL (no record of the new
+/// generation yet) reads as the stale WAL it replaced: the checkpoint
+/// holds everything, and a writer starts a new WAL.
+#[test]
+fn a_torn_header_over_no_live_record_reads_as_the_stale_wal() {
+    let storage = recycled_then_stopped(0);
+    tear_header(&storage);
+    let reader = open(&storage, true);
+    assert_eq!(scenarios(&reader), expected(30));
+    assert!(reader.verify().unwrap().is_ok());
+    drop(reader);
+    let mut writer = open(&storage, false);
+    writer.insert(node(30)).unwrap();
+    drop(writer);
+    assert_eq!(scenarios(&open(&storage, true)), expected(31));
+}
+
+/// The same damage over a record of the new generation is a damaged live
+/// WAL: refused, naming the header, never read as stale (which would lose
+/// the record).
+#[test]
+fn a_damaged_header_over_a_live_record_is_refused() {
+    let storage = recycled_then_stopped(2);
+    tear_header(&storage);
+    for read_only in [true, false] {
+        let options = OpenOptions {
+            read_only,
+            ..OpenOptions::default()
+        };
+        let refused = Bank::open(Arc::new(storage.clone()), options).err().expect("refused");
+        assert!(refused.to_string().contains("WAL header"), "{refused}");
+    }
+}

@@ -6,7 +6,7 @@ use super::segment_writer::{SegmentWriter, WRITE_CHUNK_BYTES};
 use super::{Bank, BankError};
 use crate::format::manifest::Manifest;
 use crate::format::wal::WalHeader;
-use crate::storage::wal::WalWriter;
+use crate::storage::wal::{WAL_PREALLOCATE_STEP_BYTES, WalWriter};
 use crate::storage::{
     MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, StorageError, payload_file, replace_atomically_reporting, write_bulk_at,
 };
@@ -234,14 +234,23 @@ impl Bank {
         Ok(())
     }
 
-    /// Step 5: a new WAL, header only, for the checkpoint `manifest`.
+    /// Step 5: a new WAL, header only, for the checkpoint `manifest`: in
+    /// the retired WAL's own file when recycling (`recycle_wals`) and it
+    /// is not oversized, else a new file.
     fn start_wal(&mut self, manifest: &Manifest) -> Result<(), BankError> {
         let header = WalHeader {
             salt: manifest.wal_salt,
             start_lsn: manifest.checkpoint_lsn + 1,
         };
-        let wal = WalWriter::create(self.storage.as_ref(), header)?;
-        self.writer.as_mut().expect("writer").wal = wal;
+        let writer = self.writer.as_mut().expect("writer");
+        let most_bytes = writer
+            .checkpoint_wal_bytes
+            .saturating_mul(2)
+            .saturating_add(WAL_PREALLOCATE_STEP_BYTES);
+        writer.wal = match writer.recycle_wals && writer.wal.allocated_bytes() <= most_bytes {
+            true => writer.wal.recycle(header)?,
+            false => WalWriter::create(self.storage.as_ref(), header)?,
+        };
         Ok(())
     }
 
@@ -289,6 +298,8 @@ impl Bank {
     /// since the failure may not be durable.
     pub fn close(mut self) -> Result<(), BankError> {
         if self.writer.is_some() {
+            // A closed bank's WAL is its header alone.
+            self.recycle_wals(false);
             self.checkpoint()?;
         }
         Ok(())

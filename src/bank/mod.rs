@@ -125,6 +125,9 @@ struct Writer {
     checkpoint_wal_bytes: u64,
     /// Commits leave the checkpoint to the caller (`defer_checkpoints`).
     checkpoints_deferred: bool,
+    /// Checkpoints start their WAL in the retired one's file
+    /// (`recycle_wals`).
+    recycle_wals: bool,
     /// The WAL record buffer of the last commit, kept for the next one
     /// (up to `KEPT_RECORD_BYTES`): a bulk insert's transactions of a few
     /// MB each then reuse its pages instead of faulting fresh ones. Ops

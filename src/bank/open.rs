@@ -10,7 +10,7 @@ use super::{Bank, BankError, SyncPolicy, Writer};
 use crate::format::default_rows_per_segment;
 use crate::format::manifest::{Manifest, Precision, Settings, TreeSpec};
 use crate::format::wal::{WalHeader, WalOp, decode_ops};
-use crate::storage::wal::{WalDamage, WalScan, WalWriter, scan};
+use crate::storage::wal::{WalDamage, WalScan, WalWriter, scan, scan_torn_header};
 use crate::storage::{
     FileStorage, MANIFEST_FILE, MANIFEST_TMP_FILE, OpenMode, Storage, StorageError, WAL_FILE, payload_file, read_all,
     replace_atomically,
@@ -114,6 +114,7 @@ impl Writer {
             last_sync: Instant::now(),
             checkpoint_wal_bytes,
             checkpoints_deferred: false,
+            recycle_wals: false,
             record_buffer: Vec::new(),
             vector_buffer: Vec::new(),
             load_pieces: Vec::new(),
@@ -508,12 +509,30 @@ fn read_consistent_state(storage: &dyn Storage, read_only: bool) -> Result<(Mani
     let mut attempt = 0;
     loop {
         let manifest = read_manifest(storage)?;
-        let wal_scan = scan(storage)?;
+        let wal_scan = scan_wal(storage, &manifest)?;
         attempt += 1;
         let settled = wal_scan.header.salt == manifest.wal_salt && wal_scan.damage.is_none();
         if !read_only || settled || attempt == WAL_READ_ATTEMPTS {
             return Ok((manifest, wal_scan));
         }
+    }
+}
+
+/// The WAL's scan (`wal::scan`). A header that fails its checks with no
+/// live record after it is what a recycling checkpoint's torn header
+/// write leaves (FORMAT.md §8 step 5), read as the stale WAL it is
+/// (`wal::scan_torn_header`); over a live record it stays an error.
+pub(crate) fn scan_wal(storage: &dyn Storage, manifest: &Manifest) -> Result<WalScan, BankError> {
+    match scan(storage) {
+        // Only the header's checks make `scan` fail as corrupt.
+        Err(header_error @ StorageError::Corrupt { .. }) => {
+            let expected = WalHeader {
+                salt: manifest.wal_salt,
+                start_lsn: manifest.checkpoint_lsn + 1,
+            };
+            scan_torn_header(storage, expected)?.ok_or_else(|| header_error.into())
+        }
+        scanned => Ok(scanned?),
     }
 }
 

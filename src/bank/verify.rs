@@ -1,12 +1,11 @@
 //! `verify`: checks every checksum and structural invariant and reports
 //! each problem with its file and offset, instead of stopping at the first.
 
-use super::open::{WAL_READ_ATTEMPTS, read_manifest};
+use super::open::{WAL_READ_ATTEMPTS, read_manifest, scan_wal};
 use super::{Bank, BankError, external_key};
 use crate::format::payload::decode_record;
 use crate::format::row::{ROW_SIZE_BYTES, Row};
 use crate::format::{NODE_NONE, crc32};
-use crate::storage::wal::scan;
 use crate::storage::{
     MANIFEST_FILE, StorageError, WAL_FILE, payload_file, qvector_segment_file, table_segment_file, vector_segment_file,
 };
@@ -357,12 +356,12 @@ impl Bank {
     fn verify_wal(&self, report: &mut VerifyReport) -> Result<(), BankError> {
         // Like opening, read again if damage shows: a read racing an
         // append must not be reported (see `open::read_consistent_state`).
-        let mut wal = scan(self.storage.as_ref())?;
+        let mut wal = scan_wal(self.storage.as_ref(), &self.manifest)?;
         for _ in 1..WAL_READ_ATTEMPTS {
             if wal.damage.is_none() {
                 break;
             }
-            wal = scan(self.storage.as_ref())?;
+            wal = scan_wal(self.storage.as_ref(), &self.manifest)?;
         }
         report.wal_records = wal.records.len() as u64;
         if self.manifest.is_frozen() && (!wal.records.is_empty() || wal.stop_reason.is_some()) {

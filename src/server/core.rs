@@ -171,6 +171,9 @@ impl Core {
         // The writer thread applies no write while it checkpoints: most of
         // a checkpoint's work is done beforehand by the bank's own thread.
         bank.write_vectors_ahead();
+        // Each checkpoint's new WAL reuses the old one's durable blocks:
+        // no commit's fdatasync then writes zeros ahead of its records.
+        bank.recycle_wals(true);
         let (changes, _) = watch::channel(ChangeEvent {
             node_count: bank.node_count(),
             last_lsn: bank.durable_below_lsn().saturating_sub(1),
@@ -471,6 +474,10 @@ impl Core {
             return Ok(());
         }
         let _gate = self.shared.checkpoints.lock().unwrap_or_else(|p| p.into_inner());
+        // The WAL left behind holds its header alone, as `close` leaves it.
+        if let Ok(mut bank) = self.shared.write_bank() {
+            bank.recycle_wals(false);
+        }
         checkpoint_beside_queries(&self.shared)
     }
 

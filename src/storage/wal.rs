@@ -145,6 +145,41 @@ pub fn scan(storage: &dyn Storage) -> Result<WalScan, StorageError> {
     })
 }
 
+/// For a WAL whose header fails its checks: the scan of the stale WAL it
+/// is (its header given as `expected` with another salt, no record) when
+/// no record after the header is intact under `expected`, the header the
+/// manifest implies for a live WAL, neither the first nor one found past
+/// it (`find_intact_after`). A recycling checkpoint's torn header write
+/// leaves such a file: the manifest was durable first, and no record of
+/// the new generation is written before the header is (FORMAT.md §8).
+/// None when one is: the header is damage in a live WAL.
+pub fn scan_torn_header(storage: &dyn Storage, expected: WalHeader) -> Result<Option<WalScan>, StorageError> {
+    let buf = super::read_all(storage, WAL_FILE)?;
+    let at = WAL_HEADER_SIZE_BYTES;
+    if buf.len() < at {
+        return Ok(None);
+    }
+    let seed = expected.chain_seed();
+    let live = !follow_chain(&buf, at, seed, expected.start_lsn).records.is_empty()
+        || find_intact_after(&buf, at, seed, expected.start_lsn).is_some();
+    if live {
+        return Ok(None);
+    }
+    Ok(Some(WalScan {
+        header: WalHeader {
+            salt: !expected.salt,
+            start_lsn: expected.start_lsn,
+        },
+        file_len_bytes: buf.len() as u64,
+        buf,
+        records: Vec::new(),
+        valid_end_bytes: at as u64,
+        last_crc: seed,
+        stop_reason: None,
+        damage: None,
+    }))
+}
+
 /// The record at `at` as damage when it is intact but unreadable
 /// (`unreadable_intact_record`): it and the records chained after it are
 /// what a truncation would drop, and a torn tail it is not.
@@ -446,6 +481,52 @@ impl WalWriter {
 
     pub fn size_bytes(&self) -> u64 {
         self.end_bytes
+    }
+
+    /// The file's length: records, then zeros written ahead of them (or,
+    /// in a recycled file, an earlier generation's records).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.allocated_bytes
+    }
+
+    /// Starts the next generation's WAL in this same file (FORMAT.md §8
+    /// step 5, recycled): `header` is written over the current one and made
+    /// durable, and the next records go over the old ones, which the
+    /// checkpoint calling this has made redundant (their LSNs are all below
+    /// `header.start_lsn`, so a scan never takes them for the new
+    /// generation's). The file's blocks are written and durable: no record
+    /// needs zeros ahead of it, nor its fdatasync a step of them, until the
+    /// log passes the file's end. The 64-byte header lies in the file's
+    /// first 512-byte sector, whose write is atomic on the disks this runs
+    /// on; should one tear, the WAL reads as the stale one it replaces
+    /// (`scan_torn_header`). Every record must be durable first.
+    pub fn recycle(&self, header: WalHeader) -> Result<WalWriter, StorageError> {
+        assert!(
+            self.synced_below == self.next_lsn && self.gathered.is_empty(),
+            "recycling a WAL whose records are not all durable"
+        );
+        assert!(
+            header.start_lsn >= self.next_lsn,
+            "a recycled WAL's records must all be older than its new generation"
+        );
+        self.file
+            .write_all_at(&header.encode(), 0)
+            .map_err(StorageError::io("write", self.desc.clone()))?;
+        self.file
+            .sync_data()
+            .map_err(StorageError::io("fsync", self.desc.clone()))?;
+        Ok(WalWriter {
+            file: self.file.clone(),
+            desc: self.desc.clone(),
+            next_lsn: header.start_lsn,
+            end_bytes: WAL_HEADER_SIZE_BYTES as u64,
+            allocated_bytes: self.allocated_bytes,
+            prev_crc: header.chain_seed(),
+            synced_below: header.start_lsn,
+            gathered: Vec::new(),
+            gathering: false,
+            written_below: header.start_lsn,
+        })
     }
 
     /// Highest LSN known durable, if any record of this generation is.

@@ -325,14 +325,17 @@ pub fn drive(storage: &SimStorage, ops: &[Op], policy: SyncPolicy) -> Outcome {
     drive_with(storage, ops, policy, false)
 }
 
-/// As `drive`; `ahead`: every handle writes each commit's vectors ahead of
-/// the checkpoint on its thread (`Bank::write_vectors_ahead`), whose writes
-/// then interleave with the commits' in an order no run repeats.
+/// As `drive`; `ahead`: as `deltamem serve` runs a bank, every handle
+/// writes each commit's vectors ahead of the checkpoint on its thread
+/// (`Bank::write_vectors_ahead`), whose writes then interleave with the
+/// commits' in an order no run repeats, and recycles its WAL files
+/// (`Bank::recycle_wals`).
 pub fn drive_with(storage: &SimStorage, ops: &[Op], policy: SyncPolicy, ahead: bool) -> Outcome {
     let open = |bank: Result<Bank, BankError>| {
         bank.map(|mut b| {
             if ahead {
                 b.write_vectors_ahead_in_pieces(1);
+                b.recycle_wals(true);
             }
             b
         })
