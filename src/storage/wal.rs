@@ -147,16 +147,18 @@ pub fn scan(storage: &dyn Storage) -> Result<WalScan, StorageError> {
 
 /// For a WAL whose header fails its checks: the scan of the stale WAL it
 /// is (its header given as `expected` with another salt, no record) when
-/// no record after the header is intact under `expected`, the header the
-/// manifest implies for a live WAL, neither the first nor one found past
-/// it (`find_intact_after`). A recycling checkpoint's torn header write
-/// leaves such a file: the manifest was durable first, and no record of
-/// the new generation is written before the header is (FORMAT.md §8).
-/// None when one is: the header is damage in a live WAL.
+/// bytes after the header are not all zero (a recycled file holds an
+/// earlier generation's records there) and no record after it is intact
+/// under `expected`, the header the manifest implies for a live WAL,
+/// neither the first nor one found past it (`find_intact_after`). A
+/// recycling checkpoint's torn header write leaves such a file: the
+/// manifest was durable first, and no record of the new generation is
+/// written before the header is (FORMAT.md §8). None otherwise: the header
+/// is damage (a header-only or zero-filled WAL was never recycled).
 pub fn scan_torn_header(storage: &dyn Storage, expected: WalHeader) -> Result<Option<WalScan>, StorageError> {
     let buf = super::read_all(storage, WAL_FILE)?;
     let at = WAL_HEADER_SIZE_BYTES;
-    if buf.len() < at {
+    if buf.len() <= at || buf[at..].iter().all(|&b| b == 0) {
         return Ok(None);
     }
     let seed = expected.chain_seed();
