@@ -7,7 +7,9 @@
 //!   - single HTTP queries with 1, 8 and 32 concurrent clients;
 //!   - durable single-node inserts (sync always) with 1, 8 and 32 clients,
 //!     once with embeddings as JSON arrays and once as base64 (`INSERT_SPELLING`),
-//!     into a second, empty bank: each run lasts `INSERT_RUN` (at most
+//!     each run into an empty bank of its own under a server of its own
+//!     (`RunServer`; `INSERT_BANK=shared`: one bank for all runs, growing):
+//!     each run lasts `INSERT_RUN` (at most
 //!     `INSERT_RUN_MAX` inserts), the three client counts are run in turn
 //!     `INSERT_ROUNDS` times (default 3) and the medians compared; each
 //!     run's CPU per insert is split between the server and the load
@@ -52,7 +54,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use deltamem::api::embedding::encode_base64_f32;
-use deltamem::server::{Limits, ListenAddr, ServeConfig, serve};
+use deltamem::server::{Limits, ListenAddr, ServeConfig, serve_until};
 use deltamem::storage::sim::Rng;
 use deltamem::{Attach, Bank, BankConfig, Change, Label, NewNode, OpenOptions, Payload, QueryOptions, SyncPolicy};
 
@@ -92,6 +94,17 @@ fn build_bank(path: &Path, nodes: usize) {
 /// Starts a server on `path` listening on `listen`; its base URL
 /// (`http://ADDR`), or `unix:PATH` for a Unix socket.
 fn start(path: &Path, sync: SyncPolicy, listen: ListenAddr) -> String {
+    start_until(path, sync, listen, std::future::pending()).0
+}
+
+/// As `start`, until `stop` resolves; the server's thread ends once it
+/// has checkpointed.
+fn start_until(
+    path: &Path,
+    sync: SyncPolicy,
+    listen: ListenAddr,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> (String, std::thread::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel();
     let config = ServeConfig {
         bank: path.to_path_buf(),
@@ -105,8 +118,10 @@ fn start(path: &Path, sync: SyncPolicy, listen: ListenAddr) -> String {
         on_lock_wait: None,
         limits: Limits::default(),
     };
-    std::thread::spawn(move || serve(config, |bound: &ListenAddr| tx.send(bound.clone()).unwrap()).unwrap());
-    rx.recv().unwrap().to_string()
+    let thread = std::thread::spawn(move || {
+        serve_until(config, |bound: &ListenAddr| tx.send(bound.clone()).unwrap(), stop).unwrap()
+    });
+    (rx.recv().unwrap().to_string(), thread)
 }
 
 fn loopback() -> ListenAddr {
@@ -331,45 +346,92 @@ impl InsertRun {
 /// Durable single-node inserts with 1, 8 and 32 clients into `empty`,
 /// `rounds` times over (1, 8, 32, 1, 8, 32, ...: the rounds see the same
 /// machine load); returns each client count's runs.
-fn insert_phase(empty: &Path, spelling: &str, rounds: usize, counts: &[usize]) -> BTreeMap<usize, Vec<InsertRun>> {
-    let base = start(empty, insert_sync(), insert_listen(empty));
-    let addr = base.strip_prefix("http://").unwrap_or(&base);
-    // Requests are made before the clock starts: the load generator shares
+fn insert_phase(dir: &Path, spelling: &str, rounds: usize, counts: &[usize]) -> BTreeMap<usize, Vec<InsertRun>> {
+    // Bodies are made before any clock starts: the load generator shares
     // the machine with the server and must not spend its time printing
-    // floats or building headers.
+    // floats (each run wraps them in requests for its own address).
     let clients = counts.iter().copied().max().unwrap_or(1);
-    let requests: Vec<Vec<Vec<u8>>> = (0..clients)
-        .map(|c| {
-            (0..BODIES_PER_CLIENT)
-                .map(|i| post_request(addr, "/v1/nodes", &insert_body(c, i, spelling)))
-                .collect()
-        })
+    let bodies: Vec<Vec<String>> = (0..clients)
+        .map(|c| (0..BODIES_PER_CLIENT).map(|i| insert_body(c, i, spelling)).collect())
         .collect();
+    let shared = std::env::var("INSERT_INTO").ok().map(PathBuf::from).or_else(|| {
+        let shared = std::env::var("INSERT_BANK").is_ok_and(|b| b == "shared");
+        shared.then(|| empty_bank(&dir.join(format!("shared-{spelling}"))))
+    });
+    let shared_server = shared.map(|bank| RunServer::start(bank, false));
     let mut runs: BTreeMap<usize, Vec<InsertRun>> = BTreeMap::new();
     for round in 0..rounds {
         for &clients in counts {
-            let run = insert_run(&base, addr, clients, &requests);
+            let fresh = shared_server.is_none().then(|| {
+                let bank = empty_bank(&dir.join(format!("run-{spelling}-{round}-{clients}")));
+                RunServer::start(bank, true)
+            });
+            let server = fresh.as_ref().or(shared_server.as_ref()).expect("a server");
+            let addr = server.base.strip_prefix("http://").unwrap_or(&server.base);
+            let requests: Vec<Vec<Vec<u8>>> = bodies
+                .iter()
+                .map(|b| b.iter().map(|body| post_request(addr, "/v1/nodes", body)).collect())
+                .collect();
+            let run = insert_run(&server.base, addr, clients, &requests);
             print_insert_run(spelling, round, clients, &run);
             runs.entry(clients).or_default().push(run);
+            if let Some(server) = fresh {
+                server.stop();
+            }
         }
     }
     runs
 }
 
-/// The bank the inserts go into: a fresh empty one, or with
-/// `INSERT_INTO=PATH` a bank of 768 dimensions that already holds nodes
-/// (the run adds to it: pass a copy), to see what a bank's size does to
-/// the insert path.
-fn insert_bank(dir: &Path, spelling: &str) -> PathBuf {
-    if let Ok(path) = std::env::var("INSERT_INTO") {
-        return PathBuf::from(path);
+/// The server of an insert run. By default each run inserts into an empty
+/// bank under a server of its own, both gone (the bank deleted) before
+/// the next run: every run starts from the same state. On this project's
+/// VMs the page cache fills pages it takes for the first time ~10x slower
+/// than pages just freed (415 against 4,700 MB/s, a plain C write loop), so
+/// with one bank growing across runs (`INSERT_BANK=shared`), later runs
+/// measured the VM's memory more than the server. `INSERT_INTO=PATH` runs
+/// them all into that existing bank instead.
+struct RunServer {
+    base: String,
+    bank: PathBuf,
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+    /// Removed with its bank when stopped.
+    owned: bool,
+}
+
+impl RunServer {
+    fn start(bank: PathBuf, owned: bool) -> RunServer {
+        let (stop, asked) = tokio::sync::oneshot::channel::<()>();
+        let (base, thread) = start_until(&bank, insert_sync(), insert_listen(&bank), async move {
+            let _ = asked.await;
+        });
+        RunServer {
+            base,
+            bank,
+            stop,
+            thread,
+            owned,
+        }
     }
-    let empty = dir.join(format!("empty-{spelling}"));
-    Bank::create_dir(&empty, BankConfig::new(DIM as u32))
+
+    /// Stops the server (it checkpoints), then removes its bank.
+    fn stop(self) {
+        let _ = self.stop.send(());
+        self.thread.join().unwrap();
+        if self.owned {
+            std::fs::remove_dir_all(&self.bank).unwrap();
+        }
+    }
+}
+
+/// A fresh empty bank of 768 dimensions at `path`.
+fn empty_bank(path: &Path) -> PathBuf {
+    Bank::create_dir(path, BankConfig::new(DIM as u32))
         .unwrap()
         .close()
         .unwrap();
-    empty
+    path.to_path_buf()
 }
 
 /// An insert body with its embedding spelled as a JSON array (each f32
@@ -938,8 +1000,7 @@ fn main() {
         // INSERT_SPELLING=base64 runs only that spelling of the embedding.
         let spellings = std::env::var("INSERT_SPELLING").unwrap_or_else(|_| "array,base64".into());
         for spelling in spellings.split(',').filter(|s| ["array", "base64"].contains(s)) {
-            let target = insert_bank(dir.path(), spelling);
-            let runs = insert_phase(&target, spelling, rounds, &counts);
+            let runs = insert_phase(dir.path(), spelling, rounds, &counts);
             targets.extend(insert_summary(&runs, spelling, rounds, &counts));
         }
     }

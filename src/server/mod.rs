@@ -89,6 +89,16 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServeError {
 /// checkpoints and returns. `ready` is told
 /// the bound address (the port may have been 0).
 pub fn serve(config: ServeConfig, ready: impl FnOnce(&ListenAddr)) -> Result<(), ServeError> {
+    serve_until(config, ready, std::future::pending())
+}
+
+/// As `serve`, stopping also when `stop` resolves (a program that runs
+/// servers of its own, such as a benchmark that starts one per run).
+pub fn serve_until(
+    config: ServeConfig,
+    ready: impl FnOnce(&ListenAddr),
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), ServeError> {
     if !config.listen.is_local() && config.token.is_none() {
         return Err(ServeError::Config(format!(
             "{} is not a loopback address: give a bearer token (--token-file or DELTAMEM_TOKEN)",
@@ -118,25 +128,30 @@ pub fn serve(config: ServeConfig, ready: impl FnOnce(&ListenAddr)) -> Result<(),
         config.lock_wait,
         waiting,
     )?;
-    let served = runtime.block_on(run(config, core.clone(), ready));
+    let served = runtime.block_on(run(config, core.clone(), ready, stop));
     // Requests in flight have finished: drain the writer and checkpoint.
     let closed = core.shutdown();
     served?;
     closed.map_err(ServeError::from)
 }
 
-async fn run(config: ServeConfig, core: Arc<Core>, ready: impl FnOnce(&ListenAddr)) -> Result<(), ServeError> {
+async fn run(
+    config: ServeConfig,
+    core: Arc<Core>,
+    ready: impl FnOnce(&ListenAddr),
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), ServeError> {
     match config.listen.clone() {
         ListenAddr::Tcp(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(io(format!("cannot listen on {addr}")))?;
             let bound = listener.local_addr().map_err(io("cannot read the bound address"))?;
-            run_on(listener, ListenAddr::Tcp(bound), config, core, ready).await
+            run_on(listener, ListenAddr::Tcp(bound), config, core, ready, stop).await
         }
         ListenAddr::Unix(path) => {
             let socket = address::bind_unix(&path)?;
-            run_on(socket, ListenAddr::Unix(path), config, core, ready).await
+            run_on(socket, ListenAddr::Unix(path), config, core, ready, stop).await
         }
     }
 }
@@ -147,6 +162,7 @@ async fn run_on<L: listen::Accept>(
     config: ServeConfig,
     core: Arc<Core>,
     ready: impl FnOnce(&ListenAddr),
+    asked: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let cancel = tokio_util::sync::CancellationToken::new();
     let state = http::AppState {
@@ -163,10 +179,13 @@ async fn run_on<L: listen::Accept>(
     };
     let mcp = mcp::http_service(core, &bound, cancel.clone(), config.limits.body_bytes);
     let app = http::router(state, mcp);
-    let stop = shutdown_signal()?;
+    let signal = shutdown_signal()?;
     ready(&bound);
     let stop = async move {
-        stop.await;
+        tokio::select! {
+            () = signal => {}
+            () = asked => {}
+        }
         cancel.cancel();
     };
     let head = Duration::from_millis(config.limits.request_ms);
