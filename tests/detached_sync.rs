@@ -139,3 +139,31 @@ fn a_failed_gathered_write_poisons_the_bank() {
     assert!(bank.insert(node(4)).is_err(), "further writes are refused");
     assert_eq!(count_after_power_loss(&storage), 1, "only the synced node");
 }
+
+/// Gathered records written ahead of a large record whose write fails
+/// with them: the batch is reported unwritten, not only the large record
+/// (under `none` a server answers the small ones at once otherwise).
+#[test]
+fn a_write_failing_inside_a_gathered_batch_fails_the_batch() {
+    let storage = SimStorage::new();
+    let mut bank = Bank::create(Arc::new(storage.clone()), BankConfig::new(4)).unwrap();
+    bank.insert(node(0)).unwrap();
+    let big: Vec<NewNode> = (0..2500).map(node).collect(); // a record past 256 KiB
+    let (results, written) = bank.commit_gathered(|bank| {
+        let small = bank.insert_with(node(1), Some(SyncPolicy::None)).is_ok();
+        storage.set_plan(Some(FaultPlan {
+            at_op: storage.op_count(),
+            kind: FaultKind::Fail,
+        }));
+        let large = bank.insert_batch(&big, Some(SyncPolicy::None)).is_ok();
+        storage.set_plan(None);
+        (small, large)
+    });
+    assert_eq!(
+        results,
+        (true, false),
+        "the small commit was applied, the large one refused"
+    );
+    assert!(written.is_err(), "the small commit's record is in no file");
+    assert!(bank.detach_sync().is_err());
+}

@@ -276,3 +276,42 @@ fn a_damaged_header_over_a_live_record_is_refused() {
         assert!(refused.to_string().contains("WAL header"), "{refused}");
     }
 }
+
+/// A header of another format version over live records is never read as
+/// a torn recycle (it would be replaced, its records dropped): refused,
+/// naming the version.
+#[test]
+fn a_wal_header_of_another_version_over_live_records_is_refused() {
+    let storage = recycled_then_stopped(2);
+    let mut wal = storage.file_bytes("wal.log").unwrap();
+    wal[8] = 2; // version 2, CRC then recomputed: a newer build's header
+    let crc = crc32fast::hash(&wal[..60]);
+    wal[60..64].copy_from_slice(&crc.to_le_bytes());
+    storage.set_file_bytes("wal.log", wal);
+    let refused = Bank::open(Arc::new(storage.clone()), OpenOptions::default())
+        .err()
+        .expect("refused");
+    assert!(refused.to_string().contains("version"), "{refused}");
+    // Nothing was replaced: the records are still there.
+    assert_eq!(storage.file_bytes("wal.log").unwrap()[8], 2);
+}
+
+/// `close` after recycling with nothing left to checkpoint (the overlay
+/// empty, so no new WAL is started) still leaves a WAL of its header alone.
+#[test]
+fn close_cuts_a_recycled_wal_with_no_record_to_its_header() {
+    let storage = MemStorage::new();
+    let mut bank = Bank::create(Arc::new(storage.clone()), BankConfig::new(8)).unwrap();
+    bank.recycle_wals(true);
+    for k in 0..20 {
+        bank.insert(node(k)).unwrap();
+    }
+    bank.checkpoint().unwrap();
+    assert!(
+        storage.file_bytes("wal.log").unwrap().len() > 64,
+        "recycled, old records kept"
+    );
+    bank.close().unwrap();
+    assert_eq!(storage.file_bytes("wal.log").unwrap().len(), 64);
+    assert_eq!(scenarios(&open(&storage, true)), expected(20));
+}

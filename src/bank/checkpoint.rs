@@ -301,6 +301,7 @@ impl Bank {
             // A closed bank's WAL is its header alone.
             self.recycle_wals(false);
             self.checkpoint()?;
+            self.trim_wal()?;
         }
         Ok(())
     }

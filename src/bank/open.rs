@@ -509,10 +509,16 @@ fn read_consistent_state(storage: &dyn Storage, read_only: bool) -> Result<(Mani
     let mut attempt = 0;
     loop {
         let manifest = read_manifest(storage)?;
-        let wal_scan = scan_wal(storage, &manifest)?;
         attempt += 1;
+        let last = !read_only || attempt == WAL_READ_ATTEMPTS;
+        // A reader may read the header while a recycling checkpoint
+        // rewrites it in place (FORMAT.md §7 step 5): not settled either.
+        let wal_scan = match scan_wal(storage, &manifest) {
+            Err(e) if !last && matches!(e, BankError::Storage(StorageError::Corrupt { .. })) => continue,
+            scanned => scanned?,
+        };
         let settled = wal_scan.header.salt == manifest.wal_salt && wal_scan.damage.is_none();
-        if !read_only || settled || attempt == WAL_READ_ATTEMPTS {
+        if last || settled {
             return Ok((manifest, wal_scan));
         }
     }

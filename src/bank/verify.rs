@@ -353,16 +353,27 @@ impl Bank {
         Ok(check)
     }
 
+    /// The WAL's scan, read again (up to `WAL_READ_ATTEMPTS` in all) while
+    /// it shows damage, or for a reader a header that fails its checks: a
+    /// read racing an append, or a recycling checkpoint's header rewrite.
+    fn scan_wal_settled(&self) -> Result<crate::storage::wal::WalScan, BankError> {
+        let reader = self.writer.is_none();
+        let mut attempt = 1;
+        loop {
+            let last = attempt == WAL_READ_ATTEMPTS;
+            attempt += 1;
+            match scan_wal(self.storage.as_ref(), &self.manifest) {
+                Ok(wal) if wal.damage.is_some() && !last => {}
+                Err(BankError::Storage(StorageError::Corrupt { .. })) if reader && !last => {}
+                scanned => return scanned,
+            }
+        }
+    }
+
     fn verify_wal(&self, report: &mut VerifyReport) -> Result<(), BankError> {
         // Like opening, read again if damage shows: a read racing an
         // append must not be reported (see `open::read_consistent_state`).
-        let mut wal = scan_wal(self.storage.as_ref(), &self.manifest)?;
-        for _ in 1..WAL_READ_ATTEMPTS {
-            if wal.damage.is_none() {
-                break;
-            }
-            wal = scan_wal(self.storage.as_ref(), &self.manifest)?;
-        }
+        let wal = self.scan_wal_settled()?;
         report.wal_records = wal.records.len() as u64;
         if self.manifest.is_frozen() && (!wal.records.is_empty() || wal.stop_reason.is_some()) {
             let detail = "a frozen bank's WAL must hold its header only".to_string();

@@ -478,7 +478,11 @@ impl Core {
         if let Ok(mut bank) = self.shared.write_bank() {
             bank.recycle_wals(false);
         }
-        checkpoint_beside_queries(&self.shared)
+        checkpoint_beside_queries(&self.shared)?;
+        match self.shared.write_bank() {
+            Ok(mut bank) => bank.trim_wal(),
+            Err(_) => Ok(()),
+        }
     }
 
     /// Verifies the bank on a view opened for it (under the shared lock,

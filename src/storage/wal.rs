@@ -158,7 +158,7 @@ pub fn scan(storage: &dyn Storage) -> Result<WalScan, StorageError> {
 pub fn scan_torn_header(storage: &dyn Storage, expected: WalHeader) -> Result<Option<WalScan>, StorageError> {
     let buf = super::read_all(storage, WAL_FILE)?;
     let at = WAL_HEADER_SIZE_BYTES;
-    if buf.len() <= at || buf[at..].iter().all(|&b| b == 0) {
+    if buf.len() <= at || !torn_between_headers(&buf[..at]) || buf[at..].iter().all(|&b| b == 0) {
         return Ok(None);
     }
     let seed = expected.chain_seed();
@@ -180,6 +180,21 @@ pub fn scan_torn_header(storage: &dyn Storage, expected: WalHeader) -> Result<Op
         stop_reason: None,
         damage: None,
     }))
+}
+
+/// Whether `header` could be a tear between two headers of this format:
+/// only the salt, the start LSN and the CRC differ between them, so its
+/// magic, version and reserved bytes are right and its CRC is what fails.
+/// Another version's header (a newer build's WAL) is never one.
+fn torn_between_headers(header: &[u8]) -> bool {
+    use crate::format::WAL_FORMAT_VERSION;
+    use crate::format::wal::{WAL_HEADER_RESERVED, WAL_MAGIC, WALH_VERSION_OFFSET};
+    header[..8] == WAL_MAGIC
+        && crate::format::get_u32(header, WALH_VERSION_OFFSET) == WAL_FORMAT_VERSION
+        && WAL_HEADER_RESERVED
+            .iter()
+            .all(|r| header[r.clone()].iter().all(|&b| b == 0))
+        && WalHeader::decode(header).is_err()
 }
 
 /// The record at `at` as damage when it is intact but unreadable
@@ -374,7 +389,8 @@ pub struct WalWriter {
     next_lsn: u64,
     end_bytes: u64,
     /// File length: the bytes from `end_bytes` to here are zeros written
-    /// ahead of the records (see `append_framed`).
+    /// ahead of the records (see `append_framed`) or, in a recycled file
+    /// (`recycle`), an earlier generation's records.
     allocated_bytes: u64,
     prev_crc: u32,
     /// Every record with lsn < synced_below is durable.
@@ -403,6 +419,9 @@ pub fn preallocated_end(record_end: u64) -> u64 {
     const PAGE: u64 = 4096;
     (record_end + record_end.min(WAL_PREALLOCATE_STEP_BYTES)).div_ceil(PAGE) * PAGE
 }
+
+/// Most bytes of records gathered before they are written (`gather`).
+const GATHERED_MOST_BYTES: usize = 4 << 20;
 
 /// Records at least this large are appended without zeros after them: the
 /// size commit is small beside their own bytes, and zero-filling would add
@@ -491,6 +510,24 @@ impl WalWriter {
         self.allocated_bytes
     }
 
+    /// Cuts the file at the end of its records when it holds none and is
+    /// longer than its header (a recycled file's old records, zeros written
+    /// ahead), and makes that durable: what `close` leaves.
+    pub fn trim_when_empty(&mut self) -> Result<(), StorageError> {
+        let empty = self.end_bytes == WAL_HEADER_SIZE_BYTES as u64 && self.gathered.is_empty();
+        if !empty || self.allocated_bytes <= self.end_bytes {
+            return Ok(());
+        }
+        self.file
+            .set_len(self.end_bytes)
+            .map_err(StorageError::io("truncate", self.desc.clone()))?;
+        self.file
+            .sync_data()
+            .map_err(StorageError::io("fsync", self.desc.clone()))?;
+        self.allocated_bytes = self.end_bytes;
+        Ok(())
+    }
+
     /// Starts the next generation's WAL in this same file (FORMAT.md §8
     /// step 5, recycled): `header` is written over the current one and made
     /// durable, and the next records go over the old ones, which the
@@ -554,6 +591,11 @@ impl WalWriter {
         let crc = frame_record(self.prev_crc, lsn, op_count, record);
         let record_bytes = record.len();
         if self.gathering && record_bytes < PREALLOCATE_BELOW_BYTES {
+            // Bounded: a round of 1,024 records of up to 256 KiB each is
+            // written in pieces of a few MiB.
+            if self.gathered.len() + record_bytes > GATHERED_MOST_BYTES {
+                self.write_gathered()?;
+            }
             self.gathered.extend_from_slice(record);
         } else {
             // A large record is written as it is, after those gathered.
@@ -581,7 +623,9 @@ impl WalWriter {
     /// counted (their LSNs are taken) but are not in the file.
     pub fn stop_gathering(&mut self) -> Result<(), StorageError> {
         self.gathering = false;
-        self.write_gathered()
+        let written = self.write_gathered();
+        self.gathered.shrink_to(GATHERED_MOST_BYTES);
+        written
     }
 
     fn write_gathered(&mut self) -> Result<(), StorageError> {
@@ -630,6 +674,9 @@ impl WalWriter {
     /// Records a detached fsync that succeeded. If this WAL is no longer the
     /// file it synced (a checkpoint started a new generation meanwhile) it
     /// changes nothing: the checkpoint made those records durable itself.
+    /// A recycled generation shares the file (`recycle`), but its LSNs all
+    /// lie past what the older generation's sync covered, so such a sync
+    /// is at or below `synced_below` and changes nothing either.
     pub fn complete_sync(&mut self, done: &DetachedSync) {
         if Arc::ptr_eq(&self.file, &done.file) && done.below_lsn > self.synced_below {
             assert!(
@@ -679,6 +726,34 @@ mod tests {
     use super::*;
     use crate::format::wal::{REC_CRC_OFFSET, REC_KIND_OFFSET, chained_crc, encode_record};
     use crate::storage::MemStorage;
+
+    /// A tear between two headers of this format (any prefix of the new
+    /// over the old) can be one; another version's header, a bad magic or
+    /// a good header never are.
+    #[test]
+    fn only_a_tear_between_headers_of_this_format_is_taken_for_one() {
+        let old = WalHeader { salt: 7, start_lsn: 10 }.encode();
+        let new = WalHeader { salt: 9, start_lsn: 41 }.encode();
+        let torn: Vec<[u8; 64]> = (1..64)
+            .map(|k| {
+                let mut h = old;
+                h[..k].copy_from_slice(&new[..k]);
+                h
+            })
+            .filter(|h| WalHeader::decode(h).is_err())
+            .collect();
+        assert!(torn.len() > 40);
+        assert!(torn.iter().all(|h| torn_between_headers(h)));
+        assert!(!torn_between_headers(&new), "a good header is no tear");
+        let mut newer = new;
+        newer[8] = 2;
+        let crc = crate::format::crc32(&newer[..60]);
+        newer[60..].copy_from_slice(&crc.to_le_bytes());
+        assert!(!torn_between_headers(&newer), "another version's header");
+        let mut magic = torn[0];
+        magic[0] ^= 1;
+        assert!(!torn_between_headers(&magic), "a bad magic");
+    }
 
     /// A WAL of three records whose second is changed by `change` (then
     /// its CRC made right again when `recrc`, and the third chained from
