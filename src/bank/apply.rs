@@ -202,9 +202,9 @@ impl Bank {
         let lsn = match writer.wal.append_framed(op_count, record) {
             Ok(lsn) => lsn,
             Err(e) => {
-                writer.poisoned = Some(e.to_string());
+                let e = writer.poisoned_by(e);
                 undo.into_iter().rev().for_each(|m| self.overlay.rollback(m));
-                return Err(e.into());
+                return Err(e);
             }
         };
         let policy = policy.unwrap_or(writer.policy);
@@ -253,8 +253,7 @@ impl Bank {
         self.check_writable()?;
         let writer = self.writer.as_mut().expect("writer");
         if let Err(e) = writer.wal.sync() {
-            writer.poisoned = Some(e.to_string());
-            return Err(e.into());
+            return Err(writer.poisoned_by(e));
         }
         writer.last_sync = Instant::now();
         Ok(())
@@ -286,10 +285,7 @@ impl Bank {
         let Some(writer) = self.writer.as_mut() else {
             return (out, Ok(()));
         };
-        let written = writer.wal.stop_gathering().map_err(|e| {
-            writer.poisoned = Some(e.to_string());
-            BankError::from(e)
-        });
+        let written = writer.wal.stop_gathering().map_err(|e| writer.poisoned_by(e));
         // A write that failed inside `commits` (gathered records written
         // ahead of a large one) poisoned the bank there: those commits are
         // in no file either.
@@ -309,10 +305,7 @@ impl Bank {
         let Some(writer) = self.writer.as_mut() else {
             return Ok(());
         };
-        writer.wal.trim_when_empty().map_err(|e| {
-            writer.poisoned = Some(e.to_string());
-            BankError::from(e)
-        })
+        writer.wal.trim_when_empty().map_err(|e| writer.poisoned_by(e))
     }
 
     /// Records the outcome of a detached sync. A failure poisons the bank,
@@ -320,8 +313,7 @@ impl Bank {
     pub fn finish_sync(&mut self, done: &DetachedSync, outcome: Result<(), StorageError>) -> Result<(), BankError> {
         let writer = self.writer.as_mut().expect("a detached sync comes from a writer");
         if let Err(e) = outcome {
-            writer.poisoned = Some(e.to_string());
-            return Err(e.into());
+            return Err(writer.poisoned_by(e));
         }
         writer.wal.complete_sync(done);
         writer.last_sync = Instant::now();

@@ -97,6 +97,13 @@ impl Default for OpenOptions {
 }
 
 impl Writer {
+    /// Poisons the bank with a failed write or fsync of the WAL, whose
+    /// error is returned: the on-disk state is unknown from here on.
+    pub(super) fn poisoned_by(&mut self, e: StorageError) -> BankError {
+        self.poisoned = Some(e.to_string());
+        e.into()
+    }
+
     /// Why the bank refuses writes, if it does.
     pub(super) fn poison_reason(&self) -> Option<&String> {
         self.poisoned.as_ref().or(self.poisoned_shared.get())

@@ -436,18 +436,34 @@ impl WalWriter {
         let file = storage
             .open(WAL_FILE, OpenMode::ReadWrite)
             .map_err(StorageError::io("open", desc.clone()))?;
-        Ok(WalWriter {
+        Ok(WalWriter::of_new_generation(
+            file,
+            desc,
+            header,
+            WAL_HEADER_SIZE_BYTES as u64,
+        ))
+    }
+
+    /// The writer of a generation whose header `file` now holds durably,
+    /// with no record yet, `allocated_bytes` long.
+    fn of_new_generation(
+        file: Arc<dyn StorageFile>,
+        desc: String,
+        header: WalHeader,
+        allocated_bytes: u64,
+    ) -> WalWriter {
+        WalWriter {
             file,
             desc,
             next_lsn: header.start_lsn,
             end_bytes: WAL_HEADER_SIZE_BYTES as u64,
-            allocated_bytes: WAL_HEADER_SIZE_BYTES as u64,
+            allocated_bytes,
             prev_crc: header.chain_seed(),
             synced_below: header.start_lsn,
             gathered: Vec::new(),
             gathering: false,
             written_below: header.start_lsn,
-        })
+        }
     }
 
     /// Continues an existing WAL after a scan, cutting off any torn tail
@@ -514,7 +530,8 @@ impl WalWriter {
     /// longer than its header (a recycled file's old records, zeros written
     /// ahead), and makes that durable: what `close` leaves.
     pub fn trim_when_empty(&mut self) -> Result<(), StorageError> {
-        let empty = self.end_bytes == WAL_HEADER_SIZE_BYTES as u64 && self.gathered.is_empty();
+        // A gathered record counts in `end_bytes` too.
+        let empty = self.end_bytes == WAL_HEADER_SIZE_BYTES as u64;
         if !empty || self.allocated_bytes <= self.end_bytes {
             return Ok(());
         }
@@ -554,18 +571,12 @@ impl WalWriter {
         self.file
             .sync_data()
             .map_err(StorageError::io("fsync", self.desc.clone()))?;
-        Ok(WalWriter {
-            file: self.file.clone(),
-            desc: self.desc.clone(),
-            next_lsn: header.start_lsn,
-            end_bytes: WAL_HEADER_SIZE_BYTES as u64,
-            allocated_bytes: self.allocated_bytes,
-            prev_crc: header.chain_seed(),
-            synced_below: header.start_lsn,
-            gathered: Vec::new(),
-            gathering: false,
-            written_below: header.start_lsn,
-        })
+        Ok(WalWriter::of_new_generation(
+            self.file.clone(),
+            self.desc.clone(),
+            header,
+            self.allocated_bytes,
+        ))
     }
 
     /// Highest LSN known durable, if any record of this generation is.
